@@ -1,0 +1,169 @@
+"""Batched A, B, A, B rollouts: every chat's turn k is one generate call.
+
+A chat is one 4-turn dialogue on one problem. Each seat can run with the LoRA adapter on or off,
+chat by chat (PEFT's mixed-adapter batches, ``adapter_names=[..., "__base__"]``), so a trained A can
+talk to a base B inside the same batch. The exact prompt and completion token ids of every turn
+are kept for the loss; decoded text is only shown to the partner and the grader.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from talkmethods.dialogue import FINAL_TURNS, SEATS, seat_messages
+from talkmethods.grading import grade_answer, team_reward
+
+log = logging.getLogger(__name__)
+
+BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+
+
+class PromptTooLong(ValueError):
+    """A seat's prompt outgrew ``max_prompt_tokens``."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings of one rollout."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_tokens: int = 2048
+
+
+@dataclass
+class Turn:
+    """One message: who spoke, with or without the adapter, and its exact tokens."""
+
+    seat: str
+    adapter_on: bool
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+
+
+@dataclass
+class Chat:
+    """One A1 B1 A2 B2 dialogue and its grade."""
+
+    problem: dict
+    a_adapter: bool
+    b_adapter: bool
+    turns: list[Turn] = field(default_factory=list)
+    a_right: bool = False
+    b_right: bool = False
+
+    @property
+    def reward(self) -> float:
+        """Team reward: share of the two final answers that are right (0, 0.5, 1)."""
+        return team_reward(self.a_right, self.b_right)
+
+    def seat_adapter(self, seat: str) -> bool:
+        return self.a_adapter if seat == "A" else self.b_adapter
+
+
+def judge_by_gold(turn: Turn, problem: dict) -> bool:
+    """Default judge: the last ``\\boxed{}`` of a seat's final message equals the gold."""
+    return grade_answer(turn.text, problem["gold"])
+
+
+class PlainGenerator:
+    """Reference engine: ``model.generate`` with a padded batch (CPU, tests, baseline)."""
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+        self.pad_id = tokenizer.pad_token_id
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+        """Sample one completion per prompt; returns token ids up to and including the first EOS."""
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: every row's next token sits at the same column
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        kwargs = dict(
+            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=sampling.max_new_tokens,
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+        )
+        is_peft = hasattr(self.model, "disable_adapter")
+        if is_peft and not all(adapter_on):
+            if any(adapter_on):
+                kwargs["adapter_names"] = ["default" if on else BASE_ADAPTER for on in adapter_on]
+            else:
+                with self.model.disable_adapter():
+                    out = self.model.generate(**kwargs)
+                return self._trim(out[:, width:])
+        elif not is_peft and any(adapter_on):
+            raise ValueError("adapter requested but the model has no adapter")
+        out = self.model.generate(**kwargs)
+        return self._trim(out[:, width:])
+
+    def _trim(self, new_tokens: torch.Tensor) -> list[list[int]]:
+        rows = []
+        for row in new_tokens.tolist():
+            cut = next((j + 1 for j, t in enumerate(row) if t in self.eos_ids), len(row))
+            rows.append(row[:cut])
+        return rows
+
+
+def play_chats(
+    generator,
+    tokenizer,
+    problems: Sequence[dict],
+    seats: Sequence[tuple[bool, bool]],
+    sampling: Sampling,
+    judge: Callable[[Turn, dict], bool] = judge_by_gold,
+) -> tuple[list[Chat], dict]:
+    """Play one chat per (problem, (A adapter on?, B adapter on?)) pair, all chats in lockstep.
+
+    Args:
+        generator: an engine with ``generate(prompts, adapter_on, sampling)``.
+        tokenizer: the model's tokenizer (with its chat template).
+        problems: one problem record per chat (repeat a problem for several chats).
+        seats: per chat, whether A and B run with the adapter.
+        sampling: sampling settings.
+        judge: decides whether a seat's final message is right.
+
+    Returns:
+        The graded chats and timing/length stats.
+    """
+    chats = [Chat(problem=p, a_adapter=a, b_adapter=b) for p, (a, b) in zip(problems, seats, strict=True)]
+    stats = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0}
+    for turn, seat in enumerate(SEATS):
+        prompts = []
+        for chat in chats:
+            messages = seat_messages(chat.problem, turn, [t.text for t in chat.turns])
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            if len(ids) > sampling.max_prompt_tokens:
+                raise PromptTooLong(
+                    f"a seat-{seat} prompt has {len(ids)} tokens, more than max_prompt_tokens="
+                    f"{sampling.max_prompt_tokens}: raise it or lower max_new_tokens"
+                )
+            prompts.append(list(ids))
+        adapter_on = [c.seat_adapter(seat) for c in chats]
+        t0 = time.perf_counter()
+        completions = generator.generate(prompts, adapter_on, sampling)
+        stats["gen_s"] += time.perf_counter() - t0
+        for chat, p, c, on in zip(chats, prompts, completions, adapter_on, strict=True):
+            text = tokenizer.decode(c, skip_special_tokens=True)
+            chat.turns.append(Turn(seat=seat, adapter_on=on, prompt_ids=p, completion_ids=c, text=text))
+        stats["longest_prompt"] = max(stats["longest_prompt"], max(len(p) for p in prompts))
+        stats["completion_tokens"] += sum(len(c) for c in completions)
+        stats["turns"] += len(completions)
+    for chat in chats:
+        chat.a_right = bool(judge(chat.turns[FINAL_TURNS[0]], chat.problem))
+        chat.b_right = bool(judge(chat.turns[FINAL_TURNS[1]], chat.problem))
+    return chats, stats

@@ -1,0 +1,299 @@
+"""Training one (arm, seed) run on TRL's GRPO machinery.
+
+``TalkTrainer`` is GRPOTrainer with one seam replaced: ``_generate_and_score_completions`` plays the
+4-turn chats, applies the arm's credit rule and returns one row per trained turn with its chat's
+advantage. TRL keeps the loss (``dapo``: token sum over the generation batch), the optimizer loop,
+logging, checkpoints and LoRA (through ``peft_config``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from transformers import TrainerCallback
+
+from talkmethods.atomic import atomic_path
+from talkmethods.credit import ARM_PLANS, CREDIT_RULES, draw_with_replays
+from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
+from talkmethods.rollout import Chat, PlainGenerator, Sampling, Turn, judge_by_gold, play_chats
+
+log = logging.getLogger(__name__)
+
+
+def _score_only_valid_positions_on_cpu() -> None:
+    """Let TRL's fused LM head score only the completion tokens on a CPU too.
+
+    Off Triton, ``trl.trainer.utils._fused_forward`` scores every position (prompt included) so that
+    tile shapes stay fixed for compilers such as Neuron's; in eager CPU mode nothing recompiles, and
+    scoring only the valid positions is the same maths at a fraction of the cost (pinned in
+    tests/test_trl_contract.py).
+    """
+    import trl.trainer.utils as trl_utils
+
+    triton_check = trl_utils._use_triton
+    if getattr(triton_check, "_talkmethods", False):
+        return
+
+    def compact(device: torch.device) -> bool:
+        return device.type == "cpu" or triton_check(device)
+
+    compact._talkmethods = True
+    trl_utils._use_triton = compact
+
+
+_score_only_valid_positions_on_cpu()
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run depends on (filled from config.yaml through ``params:``)."""
+
+    arm: str
+    seed: int
+    model: ModelSpec
+    steps: int = 80
+    problems_per_step: int = 8
+    chats_per_problem: int = 4
+    learning_rate: float = 1e-4
+    lr_schedule: str = "constant"
+    lora_r: int = 32
+    lora_alpha: int = 64
+    lora_dropout: float = 0.0
+    sampling: Sampling = field(default_factory=Sampling)
+    ada_max_replays: int = 3
+    save_every: int = 10
+    precision: str = "auto"
+    gradient_checkpointing: bool = False
+    logps_chunk_rows: int = 32
+
+
+def to_rows(chats: list[Chat], advantages: list[float], trained: list[tuple[bool, ...]]) -> list[tuple[Turn, float]]:
+    """One (turn, advantage) row per trained turn of each kept chat."""
+    return [
+        (turn, adv)
+        for chat, adv, mask in zip(chats, advantages, trained, strict=True)
+        for turn, on in zip(chat.turns, mask, strict=True)
+        if on
+    ]
+
+
+def pad_rows(rows: list[tuple[Turn, float]], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Left-pad prompts and right-pad completions into TRL's batch tensors."""
+    n = len(rows)
+    p_len = max(len(t.prompt_ids) for t, _ in rows)
+    c_len = max(len(t.completion_ids) for t, _ in rows)
+    prompt_ids = torch.full((n, p_len), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, p_len), dtype=torch.long)
+    completion_ids = torch.full((n, c_len), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros((n, c_len), dtype=torch.long)
+    for i, (turn, _) in enumerate(rows):
+        p, c = turn.prompt_ids, turn.completion_ids
+        prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
+        prompt_mask[i, p_len - len(p) :] = 1
+        completion_ids[i, : len(c)] = torch.tensor(c)
+        completion_mask[i, : len(c)] = 1
+    advantages = torch.tensor([a for _, a in rows], dtype=torch.float32)  # (B,)
+    out = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+               completion_mask=completion_mask, advantages=advantages)
+    return {k: v.to(device) for k, v in out.items()}
+
+
+class TalkTrainer(GRPOTrainer):
+    """GRPOTrainer for two seats that talk.
+
+    The only change w.r.t. GRPOTrainer is ``_generate_and_score_completions``: it runs the arm's
+    4-turn rollouts (Reinforce-Ada's replays included) and returns one row per trained turn.
+    """
+
+    def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3,
+                 judge: Callable[[Turn, dict], bool] = judge_by_gold, generator_factory=PlainGenerator, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.args.steps_per_generation != 1 or self.args.gradient_accumulation_steps != 1:
+            # split_tensor_dict drops rows that do not divide steps_per_generation; keep one
+            # optimizer step per generation batch so every row reaches the loss (DESIGN §2).
+            raise ValueError("TalkTrainer needs steps_per_generation == gradient_accumulation_steps == 1")
+        self.arm = arm
+        self.plan = ARM_PLANS[arm]
+        self.credit_rule = CREDIT_RULES[arm]
+        self.sampling = sampling
+        self.ada_max_replays = ada_max_replays
+        self.judge = judge
+        self.generator_factory = generator_factory
+        self.last_rows = 0
+
+    def _seats(self, n: int) -> list[tuple[bool, bool]]:
+        """A always trained; the last ``base_b_per_4`` of every 4 chats have a base B."""
+        per4 = self.plan.base_b_per_4
+        return [(True, (k % 4) < 4 - per4) for k in range(n)]
+
+    def _draw_chats(self, problems: list[dict]) -> tuple[list[list[Chat]], dict]:
+        generator = self.generator_factory(self.accelerator.unwrap_model(self.model), self.processing_class)
+        g = self.num_generations
+        by_problem: list[list[Chat]] = [[] for _ in problems]
+        totals = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0}
+
+        def draw(indices: list[int]) -> list[list[float]]:
+            flat = [problems[i] for i in indices for _ in range(g)]
+            chats, stats = play_chats(generator, self.processing_class, flat, self._seats(len(flat)),
+                                      self.sampling, self.judge)
+            for k, v in stats.items():
+                totals[k] = max(totals[k], v) if k == "longest_prompt" else totals[k] + v
+            out = []
+            for j, i in enumerate(indices):
+                group = chats[j * g : (j + 1) * g]
+                by_problem[i].extend(group)
+                out.append([c.reward for c in group])
+            return out
+
+        max_replays = self.ada_max_replays if self.plan.replay else 0
+        draw_with_replays(draw, len(problems), per_round=g, max_replays=max_replays)
+        return by_problem, totals
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, torch.Tensor]:
+        g = self.num_generations
+        problems = inputs[::g]  # the sampler repeats each problem num_generations times in a row
+        by_problem, stats = self._draw_chats(problems)
+        rows, first_rewards, zero_adv = [], [], 0
+        for chats in by_problem:
+            credit = self.credit_rule([c.reward for c in chats], [not c.b_adapter for c in chats])
+            kept = [chats[i] for i in credit.kept]
+            rows += to_rows(kept, list(credit.advantages), list(credit.trained_turns))
+            zero_adv += all(a == 0 for a in credit.advantages)
+            first_rewards += chats[:g]
+        batch = pad_rows(rows, self.processing_class.pad_token_id, self.accelerator.device)
+        batch["num_items_in_batch"] = batch["completion_mask"].sum()
+        self.last_rows = len(rows)
+
+        m = self._metrics["train"]
+        m["talk/reward"].append(sum(c.reward for c in first_rewards) / len(first_rewards))
+        m["talk/both_right"].append(sum(c.reward == 1.0 for c in first_rewards) / len(first_rewards))
+        m["talk/chats_drawn"].append(float(sum(len(c) for c in by_problem)))
+        m["talk/zero_adv_share"].append(zero_adv / len(problems))
+        m["talk/tokens_per_turn"].append(stats["completion_tokens"] / max(stats["turns"], 1))
+        m["talk/rows"].append(float(len(rows)))
+        m["talk/longest_prompt"].append(float(stats["longest_prompt"]))
+        m["timing/gen_s"].append(stats["gen_s"])
+        return batch
+
+
+class StepLog(TrainerCallback):
+    """Writes one JSON line per optimizer step (and one log line) to ``path``."""
+
+    KEYS = {
+        "talk/reward": "reward", "talk/both_right": "both_right", "talk/chats_drawn": "chats_drawn",
+        "talk/zero_adv_share": "zero_adv_share", "talk/tokens_per_turn": "tokens_per_turn",
+        "entropy": "entropy", "loss": "loss", "grad_norm": "grad_norm", "talk/rows": "rows",
+        "talk/longest_prompt": "longest_prompt", "timing/gen_s": "gen_s",
+    }
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._t0 = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t0 = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "talk/reward" not in logs:
+            return
+        line = {"step": state.global_step}
+        line.update({short: logs.get(key) for key, short in self.KEYS.items()})
+        line["train_s"] = max(time.perf_counter() - self._t0 - (line["gen_s"] or 0.0), 0.0)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line, sort_keys=True) + "\n")
+        log.info("step %d reward %.3f chats %d gen %.1fs train %.1fs", line["step"], line["reward"],
+                 line["chats_drawn"], line["gen_s"], line["train_s"])
+
+
+def _truncate_log(path: Path, last_step: int) -> None:
+    """Keep the log lines of steps <= last_step (a resumed run rewrites the steps after its checkpoint)."""
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= last_step]
+    path.write_text("".join(k + "\n" for k in keep))
+
+
+def rollout_reward(**_):
+    """Placeholder for TRL's reward_funcs: team rewards are computed inside the rollout, so this never runs."""
+    raise RuntimeError("TalkTrainer scores chats in _generate_and_score_completions; rollout_reward must not be called")
+
+
+def build_trainer(cfg: TrainConfig, problems: list[dict], work_dir: Path, judge=judge_by_gold,
+                  callbacks=(), generator_factory=PlainGenerator) -> TalkTrainer:
+    """A ready TalkTrainer for ``cfg`` on ``problems``; checkpoints go to ``work_dir``."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    if cfg.arm not in CREDIT_RULES:
+        raise ValueError(f"arm={cfg.arm!r} is not one of {sorted(CREDIT_RULES)}")
+    device, dtype = pick_device_and_dtype(cfg.precision)
+    tokenizer = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, dtype, device)
+    n_rows = cfg.problems_per_step * cfg.chats_per_problem
+    args = GRPOConfig(
+        output_dir=str(work_dir), seed=cfg.seed, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_schedule, warmup_steps=0, weight_decay=0.0,
+        per_device_train_batch_size=n_rows, num_generations=cfg.chats_per_problem, steps_per_generation=1,
+        gradient_accumulation_steps=1, num_iterations=1, beta=0.0, loss_type="dapo", scale_rewards="none",
+        max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p, logging_steps=1, save_strategy="steps", save_steps=cfg.save_every,
+        save_total_limit=1, report_to=[], bf16=dtype == torch.bfloat16, use_cpu=device.type == "cpu",
+        activation_checkpointing=cfg.gradient_checkpointing, remove_unused_columns=False,
+        dataloader_num_workers=0, disable_tqdm=False, shuffle_dataset=True,
+    )
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
+    dataset = Dataset.from_list([{**p, "prompt": p["shared_question"]} for p in problems])
+    return TalkTrainer(
+        model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
+        arm=cfg.arm, sampling=cfg.sampling, ada_max_replays=cfg.ada_max_replays, judge=judge,
+        callbacks=list(callbacks), generator_factory=generator_factory,
+    )
+
+
+def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_path: Path, work_dir: Path) -> dict:
+    """Train one run, resuming from the last checkpoint in ``work_dir``; write the adapter and the step log.
+
+    The checkpoint and the in-progress log live in ``work_dir`` (outside the declared outputs, which
+    Snakemake deletes before a rerun); the outputs are written atomically at the end.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    live_log = work_dir / "train_log.jsonl"
+    last = get_last_checkpoint(str(work_dir)) if any(work_dir.glob("checkpoint-*")) else None
+    resumed_from = int(last.rsplit("-", 1)[1]) if last else 0
+    if last:
+        log.info("resuming %s seed %d from %s", cfg.arm, cfg.seed, last)
+    _truncate_log(live_log, resumed_from)
+    trainer = build_trainer(cfg, problems, work_dir, callbacks=[StepLog(live_log)])
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=last)
+    with atomic_path(adapter_dir) as tmp:
+        trainer.model.save_pretrained(str(tmp))
+    with atomic_path(log_path) as tmp:
+        shutil.copyfile(live_log, tmp)
+    return {"resumed_from_step": resumed_from, "train_wall_s": time.perf_counter() - t0,
+            "steps": trainer.state.global_step, "config": _jsonable(asdict(cfg))}
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
