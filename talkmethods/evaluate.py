@@ -1,0 +1,139 @@
+"""Held-out evaluation and cross-play: play chats with chosen seats and compute DESIGN §3's metrics.
+
+Kinds of eval (which seats run the trained adapter):
+``eval`` trained A × trained B; ``crossplay`` trained A × base B; ``crossplay_bA`` base A × trained B;
+``base`` base A × base B (no adapter at all).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from talkmethods.dialogue import SEATS
+from talkmethods.grading import extract_boxed
+from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
+from talkmethods.rollout import Chat, PlainGenerator, Sampling, play_chats
+
+log = logging.getLogger(__name__)
+
+EVAL_SEATS = {"eval": (True, True), "crossplay": (True, False), "crossplay_bA": (False, True), "base": (False, False)}
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def numbers_in(text: str) -> set[str]:
+    """The numbers written in ``text``, commas dropped (``1,000`` → ``1000``)."""
+    return {n.replace(",", "") for n in NUMBER.findall(text)}
+
+
+def partner_only_numbers(problem: dict, seat: str) -> set[str]:
+    """Numbers that only the partner of ``seat`` held (not in the seat's own facts nor the question)."""
+    own = problem["facts_a"] if seat == "A" else problem["facts_b"]
+    other = problem["facts_b"] if seat == "A" else problem["facts_a"]
+    known = numbers_in(" ".join(own)) | numbers_in(problem["shared_question"])
+    return numbers_in(" ".join(other)) - known
+
+
+def chat_metrics(chats: list[Chat]) -> dict:
+    """DESIGN §3's per-eval metrics over a list of graded chats."""
+    n = len(chats)
+    chars = {f"{s}{1 + i // 2}": sum(len(c.turns[i].text) for c in chats) / n for i, s in enumerate(SEATS)}
+    use = {}
+    for seat in ("A", "B"):
+        hits = total = 0
+        for c in chats:
+            partner = partner_only_numbers(c.problem, seat)
+            said = numbers_in(" ".join(t.text for t in c.turns if t.seat == seat))
+            hits += len(partner & said)
+            total += len(partner)
+        use[seat] = hits / total if total else 0.0
+    finals = [c.turns[2] for c in chats] + [c.turns[3] for c in chats]
+    return {
+        "team_accuracy": sum(c.reward for c in chats) / n,
+        "both_right": sum(c.reward == 1.0 for c in chats) / n,
+        "a_accuracy": sum(c.a_right for c in chats) / n,
+        "b_accuracy": sum(c.b_right for c in chats) / n,
+        "no_box_rate": sum(extract_boxed(t.text) is None for t in finals) / len(finals),
+        "chars_per_message": chars,
+        "chars_per_seat": {s: sum(v for k, v in chars.items() if k[0] == s) / 2 for s in ("A", "B")},
+        "partner_fact_use": use,
+    }
+
+
+def per_problem_rewards(chats: list[Chat]) -> dict:
+    """Mean team reward per problem, in first-seen order (for paired statistics)."""
+    sums: dict[str, list[float]] = {}
+    for c in chats:
+        sums.setdefault(c.problem["id"], []).append(c.reward)
+    return {"ids": list(sums), "rewards": [sum(v) / len(v) for v in sums.values()]}
+
+
+def provenance(wall_s: float, device: torch.device) -> dict:
+    """Package versions, git revision, seconds and device of a run."""
+    import peft
+    import transformers
+    import trl
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        rev = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
+    return {"versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "trl": trl.__version__, "peft": peft.__version__, "python": platform.python_version()},
+            "git": rev, "wall_s": round(wall_s, 3), "device": name}
+
+
+def play_eval(model, tokenizer, problems: list[dict], kind: str, sampling: Sampling, chats_per_problem: int,
+              batch_chats: int, generator_factory=PlainGenerator) -> list[Chat]:
+    """Play ``chats_per_problem`` chats on every problem with the seats of ``kind``, in batches."""
+    seats = EVAL_SEATS[kind]
+    flat = [p for p in problems for _ in range(chats_per_problem)]
+    generator = generator_factory(model, tokenizer)
+    chats: list[Chat] = []
+    with tqdm(total=len(flat), desc=f"{kind} chats", unit="chat", dynamic_ncols=True) as bar:
+        for start in range(0, len(flat), batch_chats):
+            batch = flat[start : start + batch_chats]
+            played, _ = play_chats(generator, tokenizer, batch, [seats] * len(batch), sampling)
+            chats += played
+            bar.update(len(batch))
+    return chats
+
+
+def run_eval(kind: str, model_spec: ModelSpec, adapter_dir: str | None, problems: list[dict], sampling: Sampling,
+             chats_per_problem: int, batch_chats: int, sample_dialogues: int, seed: int, precision: str = "auto",
+             arm: str | None = None, train_seed: int | None = None) -> dict:
+    """Evaluate one model pairing on the held-out problems; returns the eval JSON object."""
+    t0 = time.perf_counter()
+    device, dtype = pick_device_and_dtype(precision)
+    tokenizer = load_tokenizer(model_spec)
+    model = load_model(model_spec, dtype, device)
+    if kind != "base":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False)
+    model.eval()
+    torch.manual_seed(seed)
+    chats = play_eval(model, tokenizer, problems, kind, sampling, chats_per_problem, batch_chats)
+    metrics = chat_metrics(chats)
+    samples = [{"problem_id": c.problem["id"], "gold": c.problem["gold"], "reward": c.reward,
+                "turns": [{"seat": t.seat, "adapter": t.adapter_on, "text": t.text} for t in c.turns]}
+               for c in chats[: sample_dialogues * chats_per_problem : chats_per_problem]]
+    return {
+        "kind": kind, "arm": arm, "seed": train_seed,
+        "config": {"model": model_spec.name, "adapter": adapter_dir, "sampling": vars(sampling),
+                   "chats_per_problem": chats_per_problem, "eval_seed": seed},
+        "counts": {"problems": len(problems), "chats": len(chats)},
+        "metrics": metrics,
+        "per_problem": per_problem_rewards(chats),
+        "samples": samples,
+        "provenance": provenance(time.perf_counter() - t0, device),
+    }
