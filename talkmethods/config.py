@@ -63,3 +63,66 @@ def validate_config(config: dict) -> None:
 def _hub_id(name: str) -> bool:
     parts = name.split("/")
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def load_config(paths: list[str]) -> dict:
+    """Load config.yaml and overlays (later files win, nested keys merge), then validate."""
+    merged: dict = {}
+    for p in paths:
+        try:
+            with open(p) as f:
+                layer = yaml.safe_load(f) or {}
+        except OSError as err:
+            raise ConfigError(f"config: cannot read {p}: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config: {p} is not valid YAML: {err}") from None
+        merged = merge(merged, layer)
+    validate_config(merged)
+    return merged
+
+
+def merge(base: dict, over: dict) -> dict:
+    """Recursive dict update (what Snakemake does with --configfile)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def train_params(config: dict, arm: str, seed: int) -> dict:
+    """Plain values of one training run (a rule's ``params:``, so an edit reruns it)."""
+    t = config["train"]
+    return {
+        "arm": arm, "seed": int(seed), "model": model_params(config),
+        "steps": t["steps"], "problems_per_step": t["problems_per_step"],
+        "chats_per_problem": t["chats_per_problem"], "learning_rate": t["learning_rate"],
+        "lr_schedule": t.get("lr_schedule", "constant"), "lora_r": t["lora_r"],
+        "lora_alpha": t.get("lora_alpha", 2 * t["lora_r"]), "lora_dropout": t.get("lora_dropout", 0.0),
+        "sampling": {"max_new_tokens": t["max_new_tokens"], "temperature": t.get("temperature", 1.0),
+                     "top_p": t.get("top_p", 1.0), "top_k": 0, "max_prompt_tokens": t.get("max_prompt_tokens", 2048)},
+        "ada_max_replays": t.get("ada_max_replays", 3), "save_every": t.get("save_every", 10),
+        "precision": config["model"].get("precision", "auto"),
+        "gradient_checkpointing": t.get("gradient_checkpointing", False),
+    }
+
+
+def model_params(config: dict) -> dict:
+    return {"name": config["model"]["name"]}
+
+
+def eval_params(config: dict) -> dict:
+    """Plain values of every eval (a rule's ``params:``)."""
+    e = config["eval"]
+    return {
+        "model": model_params(config), "precision": config["model"].get("precision", "auto"),
+        "sampling": {"max_new_tokens": e["max_new_tokens"], "temperature": e["temperature"], "top_p": e["top_p"],
+                     "top_k": e.get("top_k", 0), "max_prompt_tokens": config["train"].get("max_prompt_tokens", 2048)},
+        "chats_per_problem": e["chats_per_problem"], "batch_chats": e.get("batch_chats", 600),
+        "sample_dialogues": e.get("sample_dialogues", 4), "eval_seed": config["data"]["data_seed"],
+    }
+
+
+def split_params(config: dict) -> dict:
+    d = config["data"]
+    return {"source": d["source"], "local_dir": d.get("local_dir"), "n_train": d["n_train"],
+            "n_heldout": d["n_heldout"], "data_seed": d["data_seed"]}

@@ -83,9 +83,17 @@ class PlainGenerator:
         self.eos_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
         self.pad_id = tokenizer.pad_token_id
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
         """Sample one completion per prompt; returns token ids up to and including the first EOS."""
+        was_training = self.model.training
+        self.model.eval()  # PEFT refuses mixed-adapter batches in training mode; LoRA dropout is 0 anyway
+        try:
+            with torch.no_grad():
+                return self._generate(prompts, adapter_on, sampling)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)

@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine: `make demo` (the offline default, end to end) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SNAKE := $(BIN)/snakemake --snakefile $(CURDIR)/Snakefile
+JOBS ?= 2
+
+.PHONY: demo test install lint clean-demo
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The offline default in its own working directory: outputs land in demo/results/.
+demo: install
+	$(SNAKE) --directory demo --configfile $(CURDIR)/offline.yaml -j$(JOBS) --cores $(JOBS) results/card.md results/card.png
+	@echo "card: demo/results/card.md and demo/results/card.png"
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(SNAKE) --lint --configfile offline.yaml
+	$(BIN)/snakefmt --check Snakefile rules/
+
+clean-demo:
+	rm -rf demo

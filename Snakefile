@@ -1,0 +1,18 @@
+# Talk Methods: which RL method best teaches two copies of a model to talk their way to a right answer?
+# data split -> per-(arm, seed) training -> held-out eval and cross-play -> aggregate -> card
+
+
+configfile: os.path.join(workflow.basedir, "config.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/train.smk"
+include: "rules/eval.smk"
+include: "rules/card.smk"
+
+
+rule all:
+    input:
+        "results/card.md",
+        "results/card.png",

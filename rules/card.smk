@@ -1,0 +1,50 @@
+rule aggregate:
+    input:
+        evals=expand(
+            "results/{arm}/seed{seed}/{kind}.json", arm=ARMS, seed=SEEDS, kind=EVAL_KINDS
+        ),
+        logs=expand("results/{arm}/seed{seed}/train_log.jsonl", arm=ARMS, seed=SEEDS),
+        base="results/base/eval.json",
+        src=package_src("aggregate", "stats"),
+    output:
+        csv="results/summary.csv",
+        json="results/summary.json",
+    params:
+        arms=ARMS,
+        seeds=SEEDS,
+        n_boot=config["stats"].get("n_boot", 10000),
+        alpha=config["stats"].get("alpha", 0.05),
+    log:
+        "results/logs/aggregate.log",
+    script:
+        "../workflow_scripts/aggregate.py"
+
+
+rule card:
+    input:
+        summary="results/summary.json",
+        selftest="results/selftest.json",
+        split_stats="results/data/split_stats.json",
+        src=package_src("card"),
+    output:
+        md=report("results/card.md", category="Card"),
+        png=report("results/card.png", category="Card", caption="../report/card.rst"),
+    params:
+        meta={
+            "model": config["model"]["name"],
+            "data_source": config["data"]["source"],
+            "offline": config["model"]["name"] == "offline-tiny-qwen2",
+            "recipe": {
+                **config["train"],
+                "loss_type": "dapo",
+                "beta": 0.0,
+                "num_iterations": 1,
+                "arms": ARMS,
+                "seeds": SEEDS,
+                "eval": config["eval"],
+            },
+        },
+    log:
+        "results/logs/card.log",
+    script:
+        "../workflow_scripts/card.py"

@@ -1,0 +1,34 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, workflow.basedir)  # the package sits beside the Snakefile
+
+from talkmethods import config as tm_config
+
+
+# Check the whole config before any job runs: one line naming the key, no traceback.
+try:
+    tm_config.validate_config(config)
+except tm_config.ConfigError as err:
+    sys.stderr.write(f"error: {err}\n")
+    sys.exit(1)
+
+ARMS = config["arms"]
+SEEDS = config["seeds"]
+EVAL_KINDS = ["eval", "crossplay", "crossplay_bA"]
+CKPT = config["checkpoint_dir"]
+
+
+wildcard_constraints:
+    arm="|".join(ARMS),
+    seed=r"\d+",
+    kind="|".join(EVAL_KINDS),
+
+
+def package_src(*modules):
+    """The package modules a stage runs, as inputs: editing one reruns that stage and what follows."""
+    return [os.path.join(workflow.basedir, "talkmethods", f"{m}.py") for m in modules]
+
+
+def run_dir(arm, seed):
+    return f"results/{arm}/seed{seed}"

@@ -1,0 +1,24 @@
+rule split:
+    input:
+        package_src("problems", "split", "synthetic", "stages"),
+    output:
+        train="results/data/train.jsonl",
+        heldout="results/data/heldout.jsonl",
+        stats="results/data/split_stats.json",
+    params:
+        split=tm_config.split_params(config),
+    log:
+        "results/logs/split.log",
+    script:
+        "../workflow_scripts/split.py"
+
+
+rule selftest:
+    input:
+        package_src("selftest", "split", "grading", "rollout", "credit", "models", "dialogue"),
+    output:
+        "results/selftest.json",
+    log:
+        "results/logs/selftest.log",
+    script:
+        "../workflow_scripts/selftest.py"

@@ -1,0 +1,37 @@
+rule eval_run:
+    input:
+        problems="results/data/heldout.jsonl",
+        adapter="results/{arm}/seed{seed}/adapter",
+        src=package_src("evaluate", "rollout", "dialogue", "grading", "models", "stages"),
+    output:
+        "results/{arm}/seed{seed}/{kind}.json",
+    params:
+        eval=tm_config.eval_params(config),
+    resources:
+        gpu=1,
+    threads: 2
+    log:
+        "results/logs/eval/{arm}_seed{seed}_{kind}.log",
+    benchmark:
+        "results/benchmarks/eval/{arm}_seed{seed}_{kind}.tsv"
+    script:
+        "../workflow_scripts/evaluate.py"
+
+
+rule eval_base:
+    input:
+        problems="results/data/heldout.jsonl",
+        src=package_src("evaluate", "rollout", "dialogue", "grading", "models", "stages"),
+    output:
+        "results/base/eval.json",
+    params:
+        eval=tm_config.eval_params(config),
+    resources:
+        gpu=1,
+    threads: 2
+    log:
+        "results/logs/eval/base.log",
+    benchmark:
+        "results/benchmarks/eval/base.tsv"
+    script:
+        "../workflow_scripts/evaluate.py"

@@ -1,0 +1,31 @@
+rule train:
+    input:
+        problems="results/data/train.jsonl",
+        src=package_src(
+            "trainer", "rollout", "credit", "dialogue", "grading", "models", "stages", "atomic"
+        ),
+    output:
+        adapter=directory("results/{arm}/seed{seed}/adapter"),
+        log="results/{arm}/seed{seed}/train_log.jsonl",
+    params:
+        train=lambda wc: tm_config.train_params(config, wc.arm, wc.seed),
+        work_dir=lambda wc: f"{CKPT}/{wc.arm}/seed{wc.seed}",
+    resources:
+        gpu=1,
+    threads: 2
+    log:
+        "results/logs/train/{arm}_seed{seed}.log",
+    benchmark:
+        "results/benchmarks/train/{arm}_seed{seed}.tsv"
+    script:
+        "../workflow_scripts/train.py"
+
+
+# One named target per arm: `snakemake -j1 arm_raft` trains and evaluates all of raft's seeds.
+for _arm in ARMS:
+
+    rule:
+        name:
+            f"arm_{_arm}"
+        input:
+            expand("results/{arm}/seed{seed}/{kind}.json", arm=_arm, seed=SEEDS, kind=EVAL_KINDS),

@@ -1,0 +1,5 @@
+import sys
+
+from talkmethods.cli import main
+
+sys.exit(main())

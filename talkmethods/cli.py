@@ -1,0 +1,88 @@
+"""Command line: every stage runs on its own, outside Snakemake.
+
+    python -m talkmethods split    --config config.yaml [--config offline.yaml] [--results results]
+    python -m talkmethods train    --config ... --arm raft --seed 17
+    python -m talkmethods eval     --config ... --kind eval|crossplay|crossplay_bA|base [--arm --seed]
+    python -m talkmethods selftest [--out results/selftest.json]
+
+Bad config, bad data or a missing model end with one line naming the cause, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from talkmethods.atomic import write_json
+from talkmethods.errors import friendly_errors
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="talkmethods", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="stage", required=True)
+    for name in ("split", "train", "eval"):
+        p = sub.add_parser(name)
+        p.add_argument("--config", action="append", default=None, help="config files; later ones override")
+        p.add_argument("--results", default="results")
+        if name in ("train", "eval"):
+            p.add_argument("--arm")
+            p.add_argument("--seed", type=int)
+        if name == "eval":
+            p.add_argument("--kind", default="eval", choices=["eval", "crossplay", "crossplay_bA", "base"])
+    p = sub.add_parser("selftest")
+    p.add_argument("--out", default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    with friendly_errors():
+        return _run(args)
+
+
+def _run(args) -> int:
+    from talkmethods import config as C
+    from talkmethods import stages
+
+    if args.stage == "selftest":
+        from talkmethods.selftest import run_selftest
+
+        report = run_selftest()
+        if args.out:
+            write_json(args.out, report)
+        for c in report["checks"]:
+            sys.stdout.write(f"{'ok    ' if c['passed'] else 'FAILED'} {c['name']:7s} {c['detail']}\n")
+        return 0 if report["passed"] else 1
+    cfg = C.load_config(args.config or ["config.yaml"])
+    r = Path(args.results)
+    if args.stage == "split":
+        stages.split_stage(C.split_params(cfg), r / "data/train.jsonl", r / "data/heldout.jsonl",
+                           r / "data/split_stats.json")
+        return 0
+    if args.stage == "train":
+        _need(args, "arm", "seed")
+        run = r / args.arm / f"seed{args.seed}"
+        stages.train_stage(C.train_params(cfg, args.arm, args.seed), r / "data/train.jsonl", run / "adapter",
+                           run / "train_log.jsonl", Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}")
+        return 0
+    if args.kind == "base":
+        stages.eval_stage(C.eval_params(cfg), "base", r / "data/heldout.jsonl", None, r / "base/eval.json")
+        return 0
+    _need(args, "arm", "seed")
+    run = r / args.arm / f"seed{args.seed}"
+    stages.eval_stage(C.eval_params(cfg), args.kind, r / "data/heldout.jsonl", str(run / "adapter"),
+                      run / f"{args.kind}.json", arm=args.arm, seed=args.seed)
+    return 0
+
+
+def _need(args, *names):
+    missing = [n for n in names if getattr(args, n) is None]
+    if missing:
+        raise SystemExit(f"talkmethods {args.stage}: missing --{' --'.join(missing)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Claim a free GPU on a multi-GPU host: an exclusive lock file per GPU, released when the job ends.
+
+Snakemake's ``resources: gpu=1`` only counts jobs and never sets CUDA_VISIBLE_DEVICES (DESIGN §5),
+so each GPU job takes the first GPU whose lock it can get. ``fcntl.flock`` locks vanish with the
+process, so a killed job frees its GPU. Under SLURM (CUDA_VISIBLE_DEVICES already set) or on a
+machine without GPUs this does nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def gpu_count() -> int:
+    """GPUs on this host (``TALKMETHODS_FAKE_GPUS`` fakes a count for tests)."""
+    fake = os.environ.get("TALKMETHODS_FAKE_GPUS")
+    if fake is not None:
+        return int(fake)
+    # nvidia-smi, not torch: torch caches its device count, which would outlive the
+    # CUDA_VISIBLE_DEVICES set below.
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("TALKMETHODS_GPU_LOCK_DIR", "/tmp/talkmethods-gpu-locks"))
+
+
+@contextmanager
+def claim_gpu(poll_s: float = 2.0, timeout_s: float | None = None):
+    """Hold an exclusive lock on one free GPU and expose only it through CUDA_VISIBLE_DEVICES.
+
+    Yields the claimed GPU index, or None when there is nothing to claim.
+    """
+    n = gpu_count()
+    if n == 0 or "CUDA_VISIBLE_DEVICES" in os.environ:
+        yield None
+        return
+    lock_dir().mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    while True:
+        for gpu in range(n):
+            fd = os.open(lock_dir() / f"gpu{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # before CUDA initialises in this process
+            log.info("claimed GPU %d", gpu)
+            try:
+                yield gpu
+            finally:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+            return
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"no free GPU among {n} after {timeout_s:.0f} s (locks in {lock_dir()})")
+        time.sleep(poll_s)

@@ -1,0 +1,70 @@
+"""Every pipeline stage as a plain function of plain values: Snakemake scripts and the CLI both call these."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from talkmethods.atomic import write_json
+from talkmethods.models import ModelSpec
+from talkmethods.rollout import Sampling
+
+log = logging.getLogger(__name__)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def split_stage(params: dict, out_train: str, out_heldout: str, out_stats: str) -> dict:
+    """Load the problems, split facts, draw the train and held-out sets, write them and their statistics."""
+    from talkmethods.problems import load_gsm8k, write_jsonl
+    from talkmethods.split import draw_problems
+
+    n_gen = max(4 * params["n_train"], 64), max(4 * params["n_heldout"], 64)
+    train_pool, test_pool = load_gsm8k(params["source"], params.get("local_dir"), seed=params["data_seed"],
+                                       n_generated_train=n_gen[0], n_generated_test=n_gen[1])
+    train, heldout, stats = draw_problems(train_pool, test_pool, params["n_train"], params["n_heldout"],
+                                          params["data_seed"])
+    stats["params"] = params
+    write_jsonl(out_train, train)
+    write_jsonl(out_heldout, heldout)
+    write_json(out_stats, stats)
+    log.info("split: %d train, %d held-out (eligible %d / %d)", len(train), len(heldout),
+             stats["train"]["eligible"], stats["heldout"]["eligible"])
+    return stats
+
+
+def train_config(params: dict):
+    """TrainConfig from a rule's plain ``params``."""
+    from talkmethods.trainer import TrainConfig
+
+    p = dict(params)
+    p["model"] = ModelSpec(**p["model"])
+    p["sampling"] = Sampling(**p["sampling"])
+    return TrainConfig(**p)
+
+
+def train_stage(params: dict, problems: str, adapter_dir: str, log_path: str, work_dir: str) -> dict:
+    """Train one (arm, seed) run, resuming from ``work_dir`` if it holds a checkpoint."""
+    from talkmethods.trainer import train_run
+
+    cfg = train_config(params)
+    return train_run(cfg, read_jsonl(problems), Path(adapter_dir), Path(log_path), Path(work_dir))
+
+
+def eval_stage(params: dict, kind: str, problems: str, adapter_dir: str | None, out: str,
+               arm: str | None = None, seed: int | None = None) -> dict:
+    """Play the eval chats of ``kind`` on the held-out problems and write the eval JSON."""
+    from talkmethods.evaluate import run_eval
+
+    result = run_eval(
+        kind, ModelSpec(**params["model"]), adapter_dir, read_jsonl(problems), Sampling(**params["sampling"]),
+        params["chats_per_problem"], params["batch_chats"], params["sample_dialogues"], params["eval_seed"],
+        params.get("precision", "auto"), arm=arm, train_seed=seed,
+    )
+    write_json(out, result)
+    log.info("%s %s seed %s: team accuracy %.3f", kind, arm, seed, result["metrics"]["team_accuracy"])
+    return result

@@ -1,0 +1,11 @@
+"""Send a script's logging (and warnings) to the rule's log file."""
+
+import logging
+import sys
+
+
+def to_rule_log(path: str) -> None:
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler, logging.StreamHandler(sys.stderr)], force=True)
+    logging.captureWarnings(True)

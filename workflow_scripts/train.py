@@ -1,0 +1,19 @@
+import sys
+
+sys.path.insert(0, snakemake.scriptdir)
+from _log import to_rule_log
+
+to_rule_log(snakemake.log[0])
+
+from talkmethods.errors import friendly_errors
+from talkmethods.gpu import claim_gpu
+from talkmethods.stages import train_stage
+
+with friendly_errors(), claim_gpu():
+    train_stage(
+        dict(snakemake.params.train),
+        snakemake.input.problems,
+        snakemake.output.adapter,
+        snakemake.output.log,
+        snakemake.params.work_dir,
+    )
