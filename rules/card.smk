@@ -5,6 +5,8 @@ rule aggregate:
         ),
         logs=expand("results/{arm}/seed{seed}/train_log.jsonl", arm=ARMS, seed=SEEDS),
         base="results/base/eval.json",
+        selftest="results/selftest.json",
+        split_stats="results/data/split_stats.json",
         src=package_src("aggregate", "stats"),
     output:
         csv="results/summary.csv",
@@ -32,7 +34,8 @@ rule card:
     params:
         meta={
             "model": config["model"]["name"],
-            "data_source": config["data"]["source"],
+            "data": config["data"]["source"]
+            + (f" ({config['data']['local_dir']})" if config["data"].get("local_dir") else ""),
             "offline": config["model"]["name"] == "offline-tiny-qwen2",
             "recipe": {
                 **config["train"],

@@ -110,7 +110,7 @@ def play_eval(model, tokenizer, problems: list[dict], kind: str, sampling: Sampl
 
 def run_eval(kind: str, model_spec: ModelSpec, adapter_dir: str | None, problems: list[dict], sampling: Sampling,
              chats_per_problem: int, batch_chats: int, sample_dialogues: int, seed: int, precision: str = "auto",
-             arm: str | None = None, train_seed: int | None = None) -> dict:
+             arm: str | None = None, train_seed: int | None = None, engine: str = "loop") -> dict:
     """Evaluate one model pairing on the held-out problems; returns the eval JSON object."""
     t0 = time.perf_counter()
     device, dtype = pick_device_and_dtype(precision)
@@ -122,7 +122,9 @@ def run_eval(kind: str, model_spec: ModelSpec, adapter_dir: str | None, problems
         model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False)
     model.eval()
     torch.manual_seed(seed)
-    chats = play_eval(model, tokenizer, problems, kind, sampling, chats_per_problem, batch_chats)
+    from talkmethods.engine import ENGINES
+
+    chats = play_eval(model, tokenizer, problems, kind, sampling, chats_per_problem, batch_chats, ENGINES[engine])
     metrics = chat_metrics(chats)
     samples = [{"problem_id": c.problem["id"], "gold": c.problem["gold"], "reward": c.reward,
                 "turns": [{"seat": t.seat, "adapter": t.adapter_on, "text": t.text} for t in c.turns]}
@@ -130,7 +132,7 @@ def run_eval(kind: str, model_spec: ModelSpec, adapter_dir: str | None, problems
     return {
         "kind": kind, "arm": arm, "seed": train_seed,
         "config": {"model": model_spec.name, "adapter": adapter_dir, "sampling": vars(sampling),
-                   "chats_per_problem": chats_per_problem, "eval_seed": seed},
+                   "chats_per_problem": chats_per_problem, "eval_seed": seed, "engine": engine},
         "counts": {"problems": len(problems), "chats": len(chats)},
         "metrics": metrics,
         "per_problem": per_problem_rewards(chats),

@@ -76,7 +76,11 @@ class TrainConfig:
     save_every: int = 10
     precision: str = "auto"
     gradient_checkpointing: bool = False
-    logps_chunk_rows: int = 32
+    engine: str = "loop"
+    micro_batches: int = 1
+
+
+EMPTY_TURN = Turn(seat="-", adapter_on=False, prompt_ids=[], completion_ids=[], text="")
 
 
 def to_rows(chats: list[Chat], advantages: list[float], trained: list[tuple[bool, ...]]) -> list[tuple[Turn, float]]:
@@ -92,18 +96,20 @@ def to_rows(chats: list[Chat], advantages: list[float], trained: list[tuple[bool
 def pad_rows(rows: list[tuple[Turn, float]], pad_id: int, device) -> dict[str, torch.Tensor]:
     """Left-pad prompts and right-pad completions into TRL's batch tensors."""
     n = len(rows)
-    p_len = max(len(t.prompt_ids) for t, _ in rows)
-    c_len = max(len(t.completion_ids) for t, _ in rows)
+    p_len = max(max(len(t.prompt_ids) for t, _ in rows), 1)
+    c_len = max(max(len(t.completion_ids) for t, _ in rows), 1)
     prompt_ids = torch.full((n, p_len), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((n, p_len), dtype=torch.long)
     completion_ids = torch.full((n, c_len), pad_id, dtype=torch.long)
     completion_mask = torch.zeros((n, c_len), dtype=torch.long)
     for i, (turn, _) in enumerate(rows):
         p, c = turn.prompt_ids, turn.completion_ids
-        prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
-        prompt_mask[i, p_len - len(p) :] = 1
-        completion_ids[i, : len(c)] = torch.tensor(c)
-        completion_mask[i, : len(c)] = 1
+        if p:
+            prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
+            prompt_mask[i, p_len - len(p) :] = 1
+        if c:
+            completion_ids[i, : len(c)] = torch.tensor(c)
+            completion_mask[i, : len(c)] = 1
     advantages = torch.tensor([a for _, a in rows], dtype=torch.float32)  # (B,)
     out = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                completion_mask=completion_mask, advantages=advantages)
@@ -120,10 +126,10 @@ class TalkTrainer(GRPOTrainer):
     def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3,
                  judge: Callable[[Turn, dict], bool] = judge_by_gold, generator_factory=PlainGenerator, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.args.steps_per_generation != 1 or self.args.gradient_accumulation_steps != 1:
-            # split_tensor_dict drops rows that do not divide steps_per_generation; keep one
-            # optimizer step per generation batch so every row reaches the loss (DESIGN §2).
-            raise ValueError("TalkTrainer needs steps_per_generation == gradient_accumulation_steps == 1")
+        if self.args.steps_per_generation != self.args.gradient_accumulation_steps:
+            # One optimizer step per generation batch (on-policy): the rows of one rollout are split
+            # into `steps_per_generation` micro-batches whose gradients accumulate into one step.
+            raise ValueError("TalkTrainer needs steps_per_generation == gradient_accumulation_steps")
         self.arm = arm
         self.plan = ARM_PLANS[arm]
         self.credit_rule = CREDIT_RULES[arm]
@@ -172,9 +178,13 @@ class TalkTrainer(GRPOTrainer):
             rows += to_rows(kept, list(credit.advantages), list(credit.trained_turns))
             zero_adv += all(a == 0 for a in credit.advantages)
             first_rewards += chats[:g]
+        # split_tensor_dict silently drops rows that do not divide steps_per_generation (DESIGN §2):
+        # pad with empty rows (completion_mask 0), which add nothing to the token-sum loss.
+        n_real = len(rows)
+        rows += [(EMPTY_TURN, 0.0)] * (-len(rows) % self.args.steps_per_generation)
         batch = pad_rows(rows, self.processing_class.pad_token_id, self.accelerator.device)
         batch["num_items_in_batch"] = batch["completion_mask"].sum()
-        self.last_rows = len(rows)
+        self.last_rows = n_real
 
         m = self._metrics["train"]
         m["talk/reward"].append(sum(c.reward for c in first_rewards) / len(first_rewards))
@@ -182,7 +192,7 @@ class TalkTrainer(GRPOTrainer):
         m["talk/chats_drawn"].append(float(sum(len(c) for c in by_problem)))
         m["talk/zero_adv_share"].append(zero_adv / len(problems))
         m["talk/tokens_per_turn"].append(stats["completion_tokens"] / max(stats["turns"], 1))
-        m["talk/rows"].append(float(len(rows)))
+        m["talk/rows"].append(float(n_real))
         m["talk/longest_prompt"].append(float(stats["longest_prompt"]))
         m["timing/gen_s"].append(stats["gen_s"])
         return batch
@@ -242,11 +252,13 @@ def build_trainer(cfg: TrainConfig, problems: list[dict], work_dir: Path, judge=
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, dtype, device)
     n_rows = cfg.problems_per_step * cfg.chats_per_problem
+    if n_rows % cfg.micro_batches:
+        raise ValueError(f"train.micro_batches={cfg.micro_batches} must divide problems_per_step × chats_per_problem = {n_rows}")
     args = GRPOConfig(
         output_dir=str(work_dir), seed=cfg.seed, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_schedule, warmup_steps=0, weight_decay=0.0,
-        per_device_train_batch_size=n_rows, num_generations=cfg.chats_per_problem, steps_per_generation=1,
-        gradient_accumulation_steps=1, num_iterations=1, beta=0.0, loss_type="dapo", scale_rewards="none",
+        per_device_train_batch_size=n_rows // cfg.micro_batches, num_generations=cfg.chats_per_problem,
+        steps_per_generation=cfg.micro_batches, gradient_accumulation_steps=cfg.micro_batches, num_iterations=1, beta=0.0, loss_type="dapo", scale_rewards="none",
         max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p, logging_steps=1, save_strategy="steps", save_steps=cfg.save_every,
         save_total_limit=1, report_to=[], bf16=dtype == torch.bfloat16, use_cpu=device.type == "cpu",
@@ -278,7 +290,10 @@ def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_pat
     if last:
         log.info("resuming %s seed %d from %s", cfg.arm, cfg.seed, last)
     _truncate_log(live_log, resumed_from)
-    trainer = build_trainer(cfg, problems, work_dir, callbacks=[StepLog(live_log)])
+    from talkmethods.engine import ENGINES
+
+    trainer = build_trainer(cfg, problems, work_dir, callbacks=[StepLog(live_log)],
+                            generator_factory=ENGINES[cfg.engine])
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     with atomic_path(adapter_dir) as tmp:
