@@ -1,0 +1,59 @@
+"""Shared fixtures: the offline Qwen tokenizer, tiny problems, and a one-thread torch setting.
+
+The repository root goes on ``sys.path`` so that a bare ``pytest`` (not only ``python -m pytest``)
+can import ``talkmethods``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The real Qwen2.5 tokenizer, built offline once per session (do not mutate it)."""
+    from talkmethods.models import ModelSpec, load_tokenizer
+
+    return load_tokenizer(ModelSpec("offline-tiny-qwen2"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run the module's tiny-model work on one intra-op thread, then restore the setting.
+
+    On a small shared machine, torch's default of one thread per core is up to 20x slower than a
+    single thread for a width-64 model when another process holds a core (OpenMP threads wait for
+    each other); one thread also makes float reductions, and so seeded runs, reproducible.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_problems(n: int = 8) -> list[dict]:
+    """Hand-made problems whose private facts are distinctive sentences (gold = the sum)."""
+    return [
+        {
+            "id": f"p{i}",
+            "facts_a": [f"Zorblax has {17 + i} pebbles.", f"Zorblax keeps them in {3 + i} jars."],
+            "facts_b": [f"Quimby has {29 + i} pebbles.", f"Quimby found them near {5 + i} rivers."],
+            "shared_question": "How many pebbles do Zorblax and Quimby have together?",
+            "gold": str(46 + 2 * i),
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.fixture()
+def problems() -> list[dict]:
+    return tiny_problems(8)

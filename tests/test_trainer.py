@@ -1,0 +1,306 @@
+"""Tests for talkmethods.trainer: rows through TRL's real loss, and a learning signal on the tiny model.
+
+Row counts are measured where TRL's loss sees them (``_compute_loss``'s ``inputs``), not in our own
+code. The learning tests train the offline tiny Qwen2 with each arm on a reward the random policy
+sometimes earns, and check the reward climbs, while sign-flipped and zeroed advantages do not.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_problems
+
+from talkmethods.credit import Credit
+from talkmethods.dialogue import seat_messages
+from talkmethods.models import ModelSpec
+from talkmethods.rollout import Sampling, Turn
+from talkmethods.trainer import StepLog, TrainConfig, build_trainer, pad_rows, to_rows
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SPEC = ModelSpec("offline-tiny-qwen2")
+F, T = False, True
+
+
+def parity_judge(turn: Turn, problem: dict) -> bool:
+    """A reward the random model earns about half the time, so groups are rarely uniform."""
+    return turn.completion_ids[0] % 2 == 0
+
+
+class Recorder:
+    """Wraps a trainer's loss and credit rule; records what each sees."""
+
+    def __init__(self, trainer):
+        self.loss_inputs: list[dict] = []
+        self.credits: list[tuple[list[float], list[bool], Credit]] = []
+        self.last_rows_at_loss: list[int] = []
+        self.losses: list[float] = []
+        original_loss = trainer._compute_loss
+        rule = trainer.credit_rule
+
+        def compute_loss(_self, model, inputs):
+            self.loss_inputs.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in inputs.items()})
+            self.last_rows_at_loss.append(_self.last_rows)
+            loss = original_loss(model, inputs)
+            self.losses.append(float(loss.detach()))
+            return loss
+
+        def credit_rule(rewards, b_base):
+            c = rule(rewards, b_base)
+            self.credits.append((list(rewards), list(b_base), c))
+            return c
+
+        trainer._compute_loss = types.MethodType(compute_loss, trainer)
+        trainer.credit_rule = credit_rule
+
+
+def train_one_step(arm, tmp_path: Path, judge=parity_judge, max_new_tokens=4, micro_batches=1):
+    cfg = TrainConfig(arm=arm, seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=micro_batches,
+                      sampling=Sampling(max_new_tokens=max_new_tokens), save_every=1000)
+    log_path = tmp_path / "steps.jsonl"
+    trainer = build_trainer(cfg, tiny_problems(8), tmp_path, judge=judge, callbacks=[StepLog(log_path)])
+    rec = Recorder(trainer)
+    trainer.train()
+    logs = [json.loads(line) for line in log_path.read_text().splitlines()]
+    return trainer, rec, logs
+
+
+def expected_advantages(credits):
+    """Each kept chat's advantage, once per trained turn."""
+    return sorted(a for _, _, c in credits for a, mask in zip(c.advantages, c.trained_turns) for _ in range(sum(mask)))
+
+
+def check_batch_reaches_the_loss(trainer, rec, rows, micro_batches=1):
+    assert len(rec.loss_inputs) == micro_batches, "one optimizer step = micro_batches loss calls"
+    batches = rec.loss_inputs
+    n = sum(b["completion_ids"].shape[0] for b in batches)
+    assert n == rows
+    assert trainer.last_rows == n == rec.last_rows_at_loss[-1], "rows were dropped between rollout and loss"
+    total_tokens = sum(int(b["completion_mask"].sum()) for b in batches)
+    for b in batches:
+        m = b["completion_ids"].shape[0]
+        assert m == rows // micro_batches
+        assert b["prompt_ids"].shape[0] == b["prompt_mask"].shape[0] == b["completion_mask"].shape[0] == m
+        assert b["advantages"].shape == (m,)
+        # dapo: the normaliser is the token count of the WHOLE generation batch, in every micro-batch.
+        assert int(b["num_items_in_batch"]) == total_tokens
+        per_row = b["completion_mask"].sum(1)
+        assert bool((per_row >= 1).all()) and bool((per_row <= trainer.sampling.max_new_tokens).all())
+    # The advantages the loss sees are exactly the credit rule's, one per trained turn (TRL shuffles rows).
+    seen = sorted(a for b in batches for a in b["advantages"].tolist())
+    assert seen == pytest.approx(expected_advantages(rec.credits), abs=1e-6)
+    # On-policy (ratio 1, beta 0) the dapo loss is -sum_rows(A_i * tokens_i) / tokens of the generation batch.
+    for b, loss in zip(batches, rec.losses):
+        by_hand = -float((b["advantages"] * b["completion_mask"].sum(1)).sum()) / total_tokens
+        assert loss == pytest.approx(by_hand, abs=1e-5)
+
+
+@pytest.mark.parametrize("arm", ["grpo", "raft", "ada"])
+def test_one_step_reaches_the_loss_with_128_rows(arm, tmp_path):
+    trainer, rec, logs = train_one_step(arm, tmp_path)
+    # 8 problems x 4 chats kept x 4 trained turns.
+    check_batch_reaches_the_loss(trainer, rec, rows=128)
+    assert len(rec.credits) == 8
+    for rewards, b_base, c in rec.credits:
+        assert not any(b_base), "only the mixed arms run a base B"
+        assert len(c.kept) == 4
+    assert logs[-1]["rows"] == 128.0
+
+
+def test_mixed_step_trains_only_adapter_turns(tmp_path):
+    trainer, rec, logs = train_one_step("mixed", tmp_path)
+    # 8 problems x (2 chats x 4 turns + 2 base-B chats x 2 A turns) = 8 x 12 = 96.
+    # (The issue text said 120; with 2 of every 4 chats having a base B, 96 is what the design gives.)
+    check_batch_reaches_the_loss(trainer, rec, rows=96)
+    assert len(rec.credits) == 8
+    for rewards, b_base, c in rec.credits:
+        assert b_base == [F, F, T, T]
+        assert c.trained_turns == ((T, T, T, T), (T, T, T, T), (T, F, T, F), (T, F, T, F))
+    assert logs[-1]["rows"] == 96.0
+
+
+def test_ada_replays_uniform_problems_and_still_keeps_four_chats(tmp_path):
+    always_right = {"p0", "p1"}
+
+    def judge(turn, problem):  # p0, p1 are always solved (uniform), the rest depend on the tokens
+        return problem["id"] in always_right or parity_judge(turn, problem)
+
+    trainer, rec, logs = train_one_step("ada", tmp_path, judge=judge)
+    check_batch_reaches_the_loss(trainer, rec, rows=128)
+    drawn = [len(r) for r, _, _ in rec.credits]
+    saturated = [(r, c) for r, _, c in rec.credits if len(r) == 16 and set(r) == {1.0}]
+    assert len(saturated) >= 2, drawn  # p0 and p1: 4 + 3 replays x 4, still uniform
+    for _, c in saturated:
+        assert c.kept == (0, 1, 2, 3) and c.advantages == (0.0, 0.0, 0.0, 0.0)
+    assert all(n in (4, 8, 12, 16) for n in drawn)
+    assert logs[-1]["chats_drawn"] == float(sum(drawn))
+    assert logs[-1]["chats_drawn"] >= 32 + 2 * 12 > 32
+    assert logs[-1]["zero_adv_share"] >= 2 / 8
+
+
+def test_micro_batches_split_the_rows_but_not_the_normaliser(tmp_path):
+    trainer, rec, logs = train_one_step("grpo", tmp_path, micro_batches=2)
+    check_batch_reaches_the_loss(trainer, rec, rows=128, micro_batches=2)
+    assert trainer.args.steps_per_generation == trainer.args.gradient_accumulation_steps == 2
+    assert logs[-1]["rows"] == 128.0 and trainer.state.global_step == 1
+
+
+def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):
+    """Off-policy splits are refused: one rollout must make exactly one optimizer step."""
+    import talkmethods.trainer as trainer_mod
+
+    real = trainer_mod.GRPOConfig
+    monkeypatch.setattr(trainer_mod, "GRPOConfig", lambda **kw: real(**{**kw, "steps_per_generation": 2}))
+    cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8,
+                      sampling=Sampling(max_new_tokens=4), save_every=1000)
+    with pytest.raises(ValueError, match="steps_per_generation"):
+        build_trainer(cfg, tiny_problems(8), tmp_path, judge=parity_judge)
+
+
+def test_micro_batches_must_divide_the_rows(tmp_path):
+    cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=3)
+    with pytest.raises(ValueError, match="micro_batches"):
+        build_trainer(cfg, tiny_problems(8), tmp_path)
+
+
+def test_unknown_arm_is_refused(tmp_path):
+    cfg = TrainConfig(arm="ppo", seed=17, model=SPEC, steps=1)
+    with pytest.raises(ValueError, match="arm='ppo'"):
+        build_trainer(cfg, tiny_problems(8), tmp_path)
+
+
+def test_to_rows_and_pad_rows_by_hand():
+    def turn(seat, p, c):
+        return Turn(seat=seat, adapter_on=True, prompt_ids=p, completion_ids=c, text="")
+
+    full = types.SimpleNamespace(turns=[turn("A", [1, 2], [3]), turn("B", [4], [5, 6]),
+                                        turn("A", [7, 8, 9], [10]), turn("B", [11], [12, 13, 14])])
+    base_b = types.SimpleNamespace(turns=[turn("A", [20], [21]), turn("B", [22], [23]),
+                                          turn("A", [24], [25, 26]), turn("B", [27], [28])])
+    rows = to_rows([full, base_b], [0.5, -0.25], [(T, T, T, T), (T, F, T, F)])
+    assert [(t.prompt_ids, a) for t, a in rows] == [
+        ([1, 2], 0.5), ([4], 0.5), ([7, 8, 9], 0.5), ([11], 0.5), ([20], -0.25), ([24], -0.25)]
+    b = pad_rows(rows, pad_id=0, device="cpu")
+    assert b["prompt_ids"].tolist() == [[0, 1, 2], [0, 0, 4], [7, 8, 9], [0, 0, 11], [0, 0, 20], [0, 0, 24]]
+    assert b["prompt_mask"].tolist() == [[0, 1, 1], [0, 0, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1], [0, 0, 1]]
+    assert b["completion_ids"].tolist() == [[3, 0, 0], [5, 6, 0], [10, 0, 0], [12, 13, 14], [21, 0, 0], [25, 26, 0]]
+    assert b["completion_mask"].tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]]
+    assert b["advantages"].tolist() == [0.5, 0.5, 0.5, 0.5, -0.25, -0.25]
+    assert b["advantages"].dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------ learning signal
+#
+# The reward: a seat's final message is "right" when its FIRST token is in a set S. A random
+# 151,936-token policy almost never hits a small set, and scaling embedding rows alone was tried and
+# fails here: the random model's last hidden state is nearly the same for every prompt (cos > 0.99),
+# so scaled rows give nothing below x30 and at x50 one or two tokens take all the mass (groups are
+# uniform, no signal). So the fixture sets the (tied, frozen) embedding rows of 16 ordinary word
+# tokens to  L * u/|u|^2  (u = the mean final hidden state at the generation position: these 16 hold
+# essentially all first-token mass)  + s_i * w  (w a unit direction orthogonal to u; s_i = +1 for the
+# 5 tokens in S, -1 for the other 11)  + 3 * (the row's own random values)  (so the 16 differ).
+# The base hit rate is ~0.34 per seat; LoRA can raise it only by turning the hidden state towards w,
+# i.e. by learning to prefer S. The learning rate is the recipe's 1e-4.
+
+WORDS = [" red", " blue", " green", " cat", " dog", " sun", " moon", " tree",
+         " fish", " bird", " rock", " milk", " rain", " snow", " wind", " fire"]
+N_IN_S = 5
+LEARN_STEPS = 12
+MARGIN = 0.15
+
+
+def shape_first_token_distribution(trainer, problems) -> set[int]:
+    tok, model = trainer.processing_class, trainer.model
+    vocab = [tok.encode(w) for w in WORDS]
+    assert all(len(v) == 1 for v in vocab), "each word must be one token"
+    vocab = [v[0] for v in vocab]
+    captured = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, o: captured.append(i[0][:, -1]))
+    try:
+        with torch.no_grad():
+            for p in problems[:2]:
+                for turn in range(4):
+                    ids = tok.apply_chat_template(seat_messages(p, turn, ["Hello there."] * turn),
+                                                  add_generation_prompt=True, tokenize=True, return_dict=False)
+                    assert not set(ids) & set(vocab)
+                    model(input_ids=torch.tensor([ids]))
+    finally:
+        hook.remove()
+    u = torch.cat(captured).mean(0)
+    w = torch.randn(u.shape[0], generator=torch.Generator().manual_seed(0))
+    w = w - (w @ u) / (u @ u) * u
+    w = w / w.norm()
+    sign = torch.tensor([1.0 if i < N_IN_S else -1.0 for i in range(len(vocab))])
+    emb = model.get_input_embeddings().weight
+    assert emb.data_ptr() == model.get_output_embeddings().weight.data_ptr(), "tiny model ties its embeddings"
+    with torch.no_grad():
+        emb[vocab] = 3.0 * emb[vocab] + 30.0 * u / (u @ u) + sign[:, None] * w[None, :]
+    return set(vocab[:N_IN_S])
+
+
+def lora_and_base_params(model):
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    return lora, base
+
+
+def run_learning(arm, tmp_path, advantage_scale=1.0):
+    problems = tiny_problems(8)
+    cfg = TrainConfig(arm=arm, seed=17, model=SPEC, steps=LEARN_STEPS, problems_per_step=4, learning_rate=1e-4,
+                      sampling=Sampling(max_new_tokens=2), save_every=1000)
+    log_path = tmp_path / "steps.jsonl"
+    target: set[int] = set()
+    trainer = build_trainer(cfg, problems, tmp_path, judge=lambda turn, _: turn.completion_ids[0] in target,
+                            callbacks=[StepLog(log_path)])
+    target |= shape_first_token_distribution(trainer, problems)
+    if advantage_scale != 1.0:  # controls: flip or zero every advantage the arm's rule gives
+        rule = trainer.credit_rule
+
+        def scaled(rewards, b_base):
+            c = rule(rewards, b_base)
+            return Credit(c.kept, tuple(advantage_scale * a for a in c.advantages), c.trained_turns)
+
+        trainer.credit_rule = scaled
+    lora0, base0 = lora_and_base_params(trainer.model)
+    trainer.train()
+    lora1, base1 = lora_and_base_params(trainer.model)
+    rewards = [json.loads(line)["reward"] for line in log_path.read_text().splitlines()]
+    assert len(rewards) == LEARN_STEPS
+    gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+    print(f"\n[learning] arm={arm} advantage_scale={advantage_scale:+g} gain={gain:+.3f} "
+          f"rewards={' '.join(f'{r:.2f}' for r in rewards)}")
+    return rewards, gain, (lora0, lora1), (base0, base1)
+
+
+def assert_base_untouched(base):
+    before, after = base
+    assert before.keys() == after.keys() and len(before) > 0
+    for name in before:
+        assert torch.equal(before[name], after[name]), f"base weight {name} changed"
+
+
+@pytest.mark.parametrize("arm", ["grpo", "ada", "raft", "mixed"])
+def test_each_arm_learns_to_prefer_the_rewarded_tokens(arm, tmp_path, record_property):
+    rewards, gain, (lora0, lora1), base = run_learning(arm, tmp_path)
+    record_property("gain", gain)
+    assert 0.15 <= rewards[0] <= 0.6, f"the untrained policy should earn some reward ({rewards[0]})"
+    assert gain > MARGIN, f"{arm}: reward rose by {gain:.3f} over {LEARN_STEPS} steps: {rewards}"
+    assert any(not torch.equal(lora0[n], lora1[n]) for n in lora0 if "lora_B" in n), "LoRA did not change"
+    assert_base_untouched(base)
+
+
+@pytest.mark.parametrize("scale", [-1.0, 0.0], ids=["flipped", "zeroed"])
+def test_controls_do_not_pass_the_margin(scale, tmp_path, record_property):
+    rewards, gain, (lora0, lora1), base = run_learning("grpo", tmp_path, advantage_scale=scale)
+    record_property("gain", gain)
+    assert gain < MARGIN, f"advantages x{scale:g} should not learn, yet the reward rose by {gain:.3f}"
+    assert_base_untouched(base)
+    if scale == 0.0:  # no advantage, no gradient, no update (AdamW's weight decay is 0)
+        assert all(torch.equal(lora0[n], lora1[n]) for n in lora0)
+    else:  # flipped: the policy learns to AVOID the rewarded tokens
+        assert gain < 0.0

@@ -1,0 +1,218 @@
+"""Contract tests: the TRL / PEFT / transformers internals that talkmethods relies on.
+
+TalkTrainer overrides a private GRPOTrainer method and counts on how TRL splits, shuffles and scores
+the batch it returns. Each test names the pin that moved, so an upgrade fails with a message saying
+what to re-check instead of silently training on the wrong rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+
+import peft
+import pytest
+import torch
+import transformers
+import trl
+from conftest import tiny_problems
+from trl import GRPOConfig, GRPOTrainer
+
+import talkmethods.trainer as trainer_mod  # noqa: F401  (applies the _use_triton patch on import)
+from talkmethods.models import ModelSpec
+from talkmethods.rollout import Sampling
+from talkmethods.trainer import TrainConfig, build_trainer
+
+TRL_PIN, PEFT_PIN, TRANSFORMERS_PIN = "1.16.0", "0.21.2", "5.23.0"
+BASE_KEYS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch"}
+
+
+def src(obj) -> str:
+    return inspect.getsource(obj)
+
+
+# ----------------------------------------------------------------------------------- versions
+
+
+def test_trl_version_pinned():
+    assert trl.__version__ == TRL_PIN, f"trl=={TRL_PIN} pinned, found {trl.__version__}: re-run this file's checks"
+
+
+def test_peft_version_pinned():
+    assert peft.__version__ == PEFT_PIN, f"peft=={PEFT_PIN} pinned, found {peft.__version__}"
+
+
+def test_transformers_version_pinned():
+    assert transformers.__version__ == TRANSFORMERS_PIN, (
+        f"transformers=={TRANSFORMERS_PIN} pinned, found {transformers.__version__}")
+
+
+# ----------------------------------------------------------------------- GRPOTrainer internals
+
+
+def test_generate_and_score_completions_signature():
+    params = list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters)
+    assert params == ["self", "inputs"], (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._generate_and_score_completions signature changed: {params}")
+
+
+def test_prepare_inputs_generates_then_splits_by_steps_per_generation():
+    s = src(GRPOTrainer._prepare_inputs)
+    assert "self._generate_and_score_completions(generation_batch)" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer calls _generate_and_score_completions")
+    assert "split_tensor_dict(generation_batch, self.args.steps_per_generation)" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer splits with "
+        "split_tensor_dict(generation_batch, self.args.steps_per_generation)")
+    assert "shuffle_sequence_dict(generation_batch)" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer shuffles the generation batch")
+
+
+@pytest.mark.parametrize("key", sorted(BASE_KEYS))
+def test_compute_loss_reads_the_base_keys(key):
+    assert f'inputs["{key}"]' in src(GRPOTrainer._compute_loss), (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._compute_loss no longer reads inputs[{key!r}]")
+
+
+def test_compute_loss_accepts_per_row_advantages_and_dapo_normaliser():
+    s = src(GRPOTrainer._compute_loss)
+    assert "if advantages.dim() == 1:" in s and "advantages.unsqueeze(1)" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._compute_loss no longer takes (B,) advantages")
+    assert 'normalizer = inputs["num_items_in_batch"].clamp(min=1.0)' in s, (
+        f"trl=={TRL_PIN} pinned; the dapo loss no longer normalises by num_items_in_batch")
+    assert GRPOTrainer.loss_is_scaled_for_ga is True, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.loss_is_scaled_for_ga changed (micro-batch losses would be rescaled)")
+
+
+def test_trl_base_output_keys_are_the_documented_six():
+    s = src(GRPOTrainer._generate_and_score_completions)
+    block = re.search(r"output = \{(.*?)\}", s, re.S)
+    assert block, f"trl=={TRL_PIN} pinned; GRPOTrainer._generate_and_score_completions no longer builds `output = {{...}}`"
+    keys = set(re.findall(r'"(\w+)":', block.group(1)))
+    assert keys == BASE_KEYS, f"trl=={TRL_PIN} pinned; the base batch keys changed: {sorted(keys)}"
+
+
+def test_split_tensor_dict_drops_rows_that_do_not_divide():
+    """Why TalkTrainer pads to a multiple of steps_per_generation (DESIGN §2 pitfall)."""
+    from trl.trainer.utils import split_tensor_dict
+
+    d = {"x": torch.arange(10), "n": torch.tensor(7)}
+    whole = split_tensor_dict(d, 1)
+    assert len(whole) == 1 and whole[0]["x"].tolist() == list(range(10)) and int(whole[0]["n"]) == 7
+    parts = split_tensor_dict(d, 3)
+    assert sum(len(p["x"]) for p in parts) == 9, (
+        f"trl=={TRL_PIN} pinned; split_tensor_dict no longer drops the remainder: revisit the row padding")
+    assert all(int(p["n"]) == 7 for p in parts), "scalars (num_items_in_batch) must be copied to every part"
+
+
+def test_shuffle_sequence_dict_keeps_rows_aligned_and_scalars_whole():
+    from trl.trainer.utils import shuffle_sequence_dict
+
+    torch.manual_seed(0)
+    d = {"prompt_ids": torch.arange(50)[:, None].repeat(1, 3), "advantages": torch.arange(50).float(),
+         "num_items_in_batch": torch.tensor(123)}
+    out = shuffle_sequence_dict(d)
+    assert out["prompt_ids"][:, 0].tolist() != list(range(50)), "shuffle did not shuffle"
+    assert out["prompt_ids"][:, 0].tolist() == out["advantages"].long().tolist(), (
+        f"trl=={TRL_PIN} pinned; shuffle_sequence_dict no longer permutes all keys in unison")
+    assert int(out["num_items_in_batch"]) == 123
+
+
+def test_fused_forward_looks_up_use_triton_at_call_time():
+    import trl.trainer.utils as trl_utils
+
+    assert hasattr(trl_utils, "_use_triton"), f"trl=={TRL_PIN} pinned; trl.trainer.utils._use_triton is gone"
+    s = src(trl_utils.add_fused_lm_head)
+    assert "def _fused_forward(" in s and "compact = _use_triton(" in s, (
+        f"trl=={TRL_PIN} pinned; _fused_forward no longer calls `compact = _use_triton(`: "
+        "talkmethods.trainer._score_only_valid_positions_on_cpu patches nothing")
+    # ... and our patch is in place: compact scoring on a CPU, the original decision elsewhere.
+    assert trl_utils._use_triton(torch.device("cpu")) is True
+    assert getattr(trl_utils._use_triton, "_talkmethods", False)
+    from trl.kernels.chunked_logprob import _use_triton as original
+
+    assert original(torch.device("cpu")) is False  # the patch is what turns compact scoring on
+
+
+def test_grpo_sampler_repeats_each_prompt_num_generations_times_in_a_row():
+    """TalkTrainer takes ``inputs[::num_generations]`` as the step's problems."""
+    s = src(GRPOTrainer._get_train_sampler)
+    assert "mini_repeat_count=self.num_generations" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer's sampler no longer repeats prompts num_generations times in a row")
+    from trl.trainer.utils import RepeatSampler
+
+    idx = list(RepeatSampler(list(range(8)), mini_repeat_count=4, batch_size=8, repeat_count=1, shuffle=True, seed=0))
+    assert len(idx) == 32 and sorted(set(idx)) == list(range(8))
+    assert all(len(set(idx[4 * k: 4 * k + 4])) == 1 for k in range(8))
+
+
+# -------------------------------------------------------------------------------------- PEFT
+
+
+def test_peft_lora_supports_mixed_adapter_batches():
+    import peft.tuners.lora.layer as lora_layer
+    import peft.tuners.lora.model as lora_model
+
+    assert '"__base__"' in src(lora_layer), f"peft=={PEFT_PIN} pinned; LoRA layers no longer know '__base__'"
+    s = src(lora_model.LoraModel._enable_peft_forward_hooks)
+    assert 'kwargs.pop("adapter_names", None)' in s, (
+        f"peft=={PEFT_PIN} pinned; LoraModel no longer takes adapter_names (mixed batches)")
+    # PEFT refuses adapter_names in training mode: PlainGenerator must switch to eval to generate.
+    assert "Cannot pass `adapter_names` when the model is in training mode." in s
+
+
+# ----------------------------------------------------------------- our config and our batch
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, one_torch_thread):
+    """A TalkTrainer from build_trainer, with the GRPOConfig kwargs it passed."""
+    passed = {}
+    real = trainer_mod.GRPOConfig
+
+    def recording(**kwargs):
+        passed.update(kwargs)
+        return real(**kwargs)
+
+    trainer_mod.GRPOConfig = recording
+    try:
+        cfg = TrainConfig(arm="mixed", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=8,
+                          learning_rate=3e-4, sampling=Sampling(max_new_tokens=4), save_every=1000)
+        trainer = build_trainer(cfg, tiny_problems(8), tmp_path_factory.mktemp("contract"),
+                                judge=lambda turn, problem: turn.completion_ids[0] % 2 == 0)
+    finally:
+        trainer_mod.GRPOConfig = real
+    return trainer, passed
+
+
+def test_grpo_config_accepts_every_field_build_trainer_passes(built):
+    trainer, passed = built
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(passed) - fields)
+    assert not unknown, f"trl=={TRL_PIN} pinned; GRPOConfig no longer has fields {unknown}"
+    args = trainer.args
+    for name, value in passed.items():
+        if name in ("output_dir", "report_to"):
+            continue
+        assert getattr(args, name) == value, f"GRPOConfig rewrote {name}: {value!r} -> {getattr(args, name)!r}"
+    # What the design pins (DESIGN §2): on-policy, no KL, dapo, no std scaling, recipe batch.
+    assert (args.beta, args.num_iterations, args.loss_type, args.scale_rewards) == (0.0, 1, "dapo", "none")
+    assert args.steps_per_generation == args.gradient_accumulation_steps == 1
+    assert args.generation_batch_size == 32 and args.num_generations == 4
+    assert args.learning_rate == 3e-4 and not args.activation_checkpointing
+
+
+def test_our_batch_has_exactly_the_base_keys(built):
+    trainer, _ = built
+    batch = next(iter(trainer.get_train_dataloader()))  # what TRL hands _prepare_inputs
+    assert len(batch) == 32
+    assert all(len({row["id"] for row in batch[4 * k: 4 * k + 4]}) == 1 for k in range(8))
+    trainer.model.train()  # as inside trainer.train()
+    out = trainer._generate_and_score_completions(batch)
+    assert set(out) == BASE_KEYS
+    n = out["completion_ids"].shape[0]
+    assert n == 96 == trainer.last_rows  # mixed: 8 x (2 x 4 + 2 x 2)
+    assert out["advantages"].shape == (n,) and out["advantages"].dtype == torch.float32
+    assert out["num_items_in_batch"].ndim == 0
+    assert out["prompt_ids"].dtype == out["completion_ids"].dtype == torch.long
+    assert trainer._metrics["train"]["talk/rows"][-1] == 96.0
