@@ -1,7 +1,10 @@
 rule aggregate:
     input:
         evals=expand(
-            "results/{arm}/seed{seed}/{kind}.json", arm=ARMS, seed=SEEDS, kind=EVAL_KINDS
+            "results/{arm}/seed{seed}/{kind}.json",
+            arm=ARMS,
+            seed=SEEDS,
+            kind=EVAL_KINDS,
         ),
         logs=expand("results/{arm}/seed{seed}/train_log.jsonl", arm=ARMS, seed=SEEDS),
         base="results/base/eval.json",
@@ -11,19 +14,41 @@ rule aggregate:
     output:
         csv="results/summary.csv",
         json="results/summary.json",
+    log:
+        "results/logs/aggregate.log",
+    conda:
+        "../envs/talkmethods.yaml"
     params:
         arms=ARMS,
         seeds=SEEDS,
         n_boot=config["stats"].get("n_boot", 10000),
         alpha=config["stats"].get("alpha", 0.05),
-    log:
-        "results/logs/aggregate.log",
     script:
         "../workflow_scripts/aggregate.py"
 
 
+rule train_curve:
+    input:
+        log="results/{arm}/seed{seed}/train_log.jsonl",
+        src=package_src("card"),
+    output:
+        report(
+            "results/{arm}/seed{seed}/train_curve.png",
+            category="Training curves",
+            subcategory="{arm}",
+            labels={"arm": "{arm}", "seed": "{seed}"},
+        ),
+    log:
+        "results/logs/curve/{arm}_seed{seed}.log",
+    conda:
+        "../envs/talkmethods.yaml"
+    script:
+        "../workflow_scripts/train_curve.py"
+
+
 rule card:
     input:
+        curves=expand("results/{arm}/seed{seed}/train_curve.png", arm=ARMS, seed=SEEDS),
         summary="results/summary.json",
         selftest="results/selftest.json",
         split_stats="results/data/split_stats.json",
@@ -31,11 +56,19 @@ rule card:
     output:
         md=report("results/card.md", category="Card"),
         png=report("results/card.png", category="Card", caption="../report/card.rst"),
+    log:
+        "results/logs/card.log",
+    conda:
+        "../envs/talkmethods.yaml"
     params:
         meta={
             "model": config["model"]["name"],
             "data": config["data"]["source"]
-            + (f" ({config['data']['local_dir']})" if config["data"].get("local_dir") else ""),
+            + (
+                f" ({config['data']['local_dir']})"
+                if config["data"].get("local_dir")
+                else ""
+            ),
             "offline": config["model"]["name"] == "offline-tiny-qwen2",
             "recipe": {
                 **config["train"],
@@ -47,7 +80,5 @@ rule card:
                 "eval": config["eval"],
             },
         },
-    log:
-        "results/logs/card.log",
     script:
         "../workflow_scripts/card.py"

@@ -5,7 +5,6 @@ sys.path.insert(0, workflow.basedir)  # the package sits beside the Snakefile
 
 from talkmethods import config as tm_config
 
-
 # Check the whole config before any job runs: one line naming the key, no traceback.
 try:
     tm_config.validate_config(config)

@@ -5,20 +5,26 @@ rule split:
         train="results/data/train.jsonl",
         heldout="results/data/heldout.jsonl",
         stats="results/data/split_stats.json",
-    params:
-        split=tm_config.split_params(config),
     log:
         "results/logs/split.log",
+    conda:
+        "../envs/talkmethods.yaml"
+    params:
+        split=tm_config.split_params(config),
     script:
         "../workflow_scripts/split.py"
 
 
 rule selftest:
     input:
-        package_src("selftest", "split", "grading", "rollout", "credit", "models", "dialogue"),
+        package_src(
+            "selftest", "split", "grading", "rollout", "credit", "models", "dialogue"
+        ),
     output:
         "results/selftest.json",
     log:
         "results/logs/selftest.log",
+    conda:
+        "../envs/talkmethods.yaml"
     script:
         "../workflow_scripts/selftest.py"

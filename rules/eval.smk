@@ -2,18 +2,22 @@ rule eval_run:
     input:
         problems="results/data/heldout.jsonl",
         adapter="results/{arm}/seed{seed}/adapter",
-        src=package_src("evaluate", "rollout", "dialogue", "grading", "models", "stages"),
+        src=package_src(
+            "evaluate", "rollout", "dialogue", "grading", "models", "stages"
+        ),
     output:
         "results/{arm}/seed{seed}/{kind}.json",
-    params:
-        eval=tm_config.eval_params(config),
-    resources:
-        gpu=1,
-    threads: 2
     log:
         "results/logs/eval/{arm}_seed{seed}_{kind}.log",
     benchmark:
         "results/benchmarks/eval/{arm}_seed{seed}_{kind}.tsv"
+    conda:
+        "../envs/talkmethods.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        eval=tm_config.eval_params(config),
     script:
         "../workflow_scripts/evaluate.py"
 
@@ -21,17 +25,21 @@ rule eval_run:
 rule eval_base:
     input:
         problems="results/data/heldout.jsonl",
-        src=package_src("evaluate", "rollout", "dialogue", "grading", "models", "stages"),
+        src=package_src(
+            "evaluate", "rollout", "dialogue", "grading", "models", "stages"
+        ),
     output:
         "results/base/eval.json",
-    params:
-        eval=tm_config.eval_params(config),
-    resources:
-        gpu=1,
-    threads: 2
     log:
         "results/logs/eval/base.log",
     benchmark:
         "results/benchmarks/eval/base.tsv"
+    conda:
+        "../envs/talkmethods.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        eval=tm_config.eval_params(config),
     script:
         "../workflow_scripts/evaluate.py"

@@ -2,21 +2,30 @@ rule train:
     input:
         problems="results/data/train.jsonl",
         src=package_src(
-            "trainer", "rollout", "credit", "dialogue", "grading", "models", "stages", "atomic"
+            "trainer",
+            "rollout",
+            "credit",
+            "dialogue",
+            "grading",
+            "models",
+            "stages",
+            "atomic",
         ),
     output:
         adapter=directory("results/{arm}/seed{seed}/adapter"),
         log="results/{arm}/seed{seed}/train_log.jsonl",
-    params:
-        train=lambda wc: tm_config.train_params(config, wc.arm, wc.seed),
-        work_dir=lambda wc: f"{CKPT}/{wc.arm}/seed{wc.seed}",
-    resources:
-        gpu=1,
-    threads: 2
     log:
         "results/logs/train/{arm}_seed{seed}.log",
     benchmark:
         "results/benchmarks/train/{arm}_seed{seed}.tsv"
+    conda:
+        "../envs/talkmethods.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        train=lambda wc: tm_config.train_params(config, wc.arm, wc.seed),
+        work_dir=lambda wc: f"{CKPT}/{wc.arm}/seed{wc.seed}",
     script:
         "../workflow_scripts/train.py"
 
@@ -28,4 +37,9 @@ for _arm in ARMS:
         name:
             f"arm_{_arm}"
         input:
-            expand("results/{arm}/seed{seed}/{kind}.json", arm=_arm, seed=SEEDS, kind=EVAL_KINDS),
+            expand(
+                "results/{arm}/seed{seed}/{kind}.json",
+                arm=_arm,
+                seed=SEEDS,
+                kind=EVAL_KINDS,
+            ),

@@ -400,3 +400,27 @@ def write_card(summary: dict, results_dir: str | os.PathLike, card_md_path: str 
         plot_card(summary, tmp, offline=bool(meta.get("offline")))
     write_text(md, text)
     log.info("wrote %s and %s", md, png)
+
+
+def write_train_curve(log_path: str | os.PathLike, png_path: str | os.PathLike, title: str) -> None:
+    """One run's training curve (mean team reward and both-right rate per step) as a PNG, atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from talkmethods.aggregate import load_train_log
+
+    lines = load_train_log(Path(log_path))
+    steps = [ln["step"] for ln in lines]
+    fig, ax = plt.subplots(figsize=(5, 3), dpi=110)
+    ax.plot(steps, [ln["reward"] for ln in lines], marker="o", ms=3, label="mean team reward")
+    ax.plot(steps, [ln["both_right"] for ln in lines], marker=".", ms=3, ls="--", label="both right")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

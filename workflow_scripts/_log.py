@@ -4,6 +4,13 @@ import logging
 import sys
 
 
+def use_threads(n: int) -> None:
+    """Give torch the rule's threads, no more: parallel jobs must not oversubscribe the cores."""
+    import torch
+
+    torch.set_num_threads(max(int(n), 1))
+
+
 def to_rule_log(path: str) -> None:
     handler = logging.FileHandler(path, mode="w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -1,9 +1,10 @@
 import sys
 
 sys.path.insert(0, snakemake.scriptdir)
-from _log import to_rule_log
+from _log import to_rule_log, use_threads
 
 to_rule_log(snakemake.log[0])
+use_threads(snakemake.threads)
 
 from talkmethods.errors import friendly_errors
 from talkmethods.gpu import claim_gpu
