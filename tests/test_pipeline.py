@@ -1,0 +1,166 @@
+"""The Snakemake DAG: planning, lint, and the whole offline default end to end (what `make demo` runs).
+
+The end-to-end run is the slow part of the suite (the full offline default, every arm × seed, on the
+CPU); it runs once per session in a copy of the workflow, so touching a script there leaves the
+repository alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ["Snakefile", "config.yaml", "offline.yaml", "rules", "workflow_scripts", "envs", "report",
+                  "talkmethods"]
+ARMS, SEEDS, KINDS = ["grpo", "ada", "raft", "mixed"], [17, 18, 19], ["eval", "crossplay", "crossplay_bA"]
+
+
+def snakemake(args: list[str], workdir: Path, snakefile: Path = REPO / "Snakefile", timeout: int = 600,
+              overlays: tuple[Path, ...] = ()):
+    """Run snakemake on the offline default (plus ``overlays``) in ``workdir``; returns the CompletedProcess."""
+    configs = [str(snakefile.parent / "offline.yaml"), *map(str, overlays)]
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir), *args,
+           "--configfile", *configs]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    if "Nothing to be done" in output:
+        return {}
+    table = output.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    rows = [ln.split() for ln in table.splitlines()[3:] if ln.strip()]
+    return {r[0]: int(r[1]) for r in rows if len(r) == 2 and r[0] != "total"}
+
+
+def test_dry_run_plans_every_stage(tmp_path):
+    res = snakemake(["-n", "results/card.png"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    n = len(ARMS) * len(SEEDS)
+    assert job_counts(res.stdout + res.stderr) == {
+        "split": 1, "selftest": 1, "train": n, "eval_run": 3 * n, "eval_base": 1, "train_curve": n,
+        "aggregate": 1, "card": 1,
+    }
+
+
+def test_one_run_target_builds_that_run_and_nothing_else(tmp_path):
+    res = snakemake(["-n", "results/raft/seed17/eval.json"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert job_counts(res.stdout + res.stderr) == {"split": 1, "train": 1, "eval_run": 1}
+
+
+def test_arm_target_trains_and_evaluates_all_its_seeds(tmp_path):
+    res = snakemake(["-n", "arm_raft"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert job_counts(res.stdout + res.stderr) == {"split": 1, "train": 3, "eval_run": 9, "arm_raft": 1}
+
+
+def test_arms_and_seeds_come_from_config(tmp_path):
+    overlay = tmp_path / "five.yaml"
+    overlay.write_text("arms: [grpo, ada_mixed]\nseeds: [1, 2, 3, 4, 5]\n")
+    res = snakemake(["-n", "results/card.png"], tmp_path, overlays=(overlay,))
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = job_counts(res.stdout + res.stderr)
+    assert counts["train"] == 10 and counts["eval_run"] == 30, counts
+
+
+def test_lint_is_clean(tmp_path):
+    res = snakemake(["--lint"], tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "Congratulations" in res.stdout + res.stderr
+
+
+def test_dag_prints_dot_without_graphviz(tmp_path):
+    res = snakemake(["results/card.png", "--dag"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.lstrip().startswith("digraph") and "train" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The whole offline default, built once from nothing in a copy of the workflow."""
+    root = tmp_path_factory.mktemp("e2e")
+    wf = root / "workflow"
+    wf.mkdir()
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, wf / name, **(
+            {"ignore": shutil.ignore_patterns("__pycache__")} if src.is_dir() else {}))
+    run = root / "run"
+    run.mkdir()
+    t0 = time.perf_counter()
+    res = snakemake(["-j2", "--cores", "2", "results/card.md", "results/card.png"], run, wf / "Snakefile",
+                    timeout=3600)
+    wall = time.perf_counter() - t0
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    sys.stderr.write(f"\noffline default end to end: {wall:.0f} s\n")
+    return wf, run
+
+
+@pytest.mark.slow
+def test_end_to_end_builds_the_card(demo):
+    _, run = demo
+    results = run / "results"
+    card = (results / "card.md").read_text()
+    assert card.splitlines()[0].startswith("**Offline default"), card.splitlines()[0]
+    for section in ("## Recipe", "## Run", "## Result", "## Checks", "## Climb", "## Learned", "## References"):
+        assert section in card
+    assert (results / "card.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for arm in ARMS:
+        assert re.search(rf"^\| {arm} \|", card, re.M), f"no row for {arm}"
+        for seed in SEEDS:
+            run_dir = results / arm / f"seed{seed}"
+            assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+            steps = [json.loads(x)["step"] for x in (run_dir / "train_log.jsonl").read_text().splitlines()]
+            assert steps == [1, 2, 3]
+    assert json.loads((results / "selftest.json").read_text())["passed"] is True
+
+
+@pytest.mark.slow
+def test_eval_jsons_validate_against_the_schema(demo):
+    _, run = demo
+    schema = json.loads((REPO / "talkmethods/schemas/eval.schema.json").read_text())
+    paths = [run / "results/base/eval.json"] + [
+        run / f"results/{a}/seed{s}/{k}.json" for a in ARMS for s in SEEDS for k in KINDS]
+    for p in paths:
+        obj = json.loads(p.read_text())
+        jsonschema.validate(obj, schema)
+        assert obj["counts"]["chats"] == 2 * obj["counts"]["problems"], p
+
+
+@pytest.mark.slow
+def test_rerun_plans_only_what_went_stale(demo):
+    wf, run = demo
+    res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile")
+    assert res.returncode == 0 and job_counts(res.stdout + res.stderr) == {}, res.stdout[-2000:]
+    script = wf / "workflow_scripts" / "aggregate.py"
+    later = time.time() + 5
+    os.utime(script, (later, later))
+    res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile")
+    assert job_counts(res.stdout + res.stderr) == {"aggregate": 1, "card": 1}, res.stdout[-3000:]
+    # a param edit (the eval sampling temperature) reruns every eval and what follows, no training
+    overlay = run / "hotter.yaml"
+    overlay.write_text("eval:\n  temperature: 0.9\n")
+    res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile", overlays=(overlay,))
+    counts = job_counts(res.stdout + res.stderr)
+    assert "train" not in counts and "split" not in counts, counts
+    assert counts["eval_run"] == 36 and counts["eval_base"] == 1, counts
+
+
+@pytest.mark.slow
+def test_report_bundles_card_and_curves(demo):
+    wf, run = demo
+    res = snakemake(["--report", "results/report.html"], run, wf / "Snakefile")
+    assert res.returncode == 0, res.stderr[-3000:]
+    html = (run / "results/report.html").read_text(errors="replace")
+    assert "card.png" in html and "train_curve.png" in html
