@@ -65,14 +65,17 @@ def _run(args) -> int:
     if args.stage == "train":
         _need(args, "arm", "seed")
         run = r / args.arm / f"seed{args.seed}"
+        _exists(r / "data/train.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
         stages.train_stage(C.train_params(cfg, args.arm, args.seed), r / "data/train.jsonl", run / "adapter",
                            run / "train_log.jsonl", Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}")
         return 0
+    _exists(r / "data/heldout.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
     if args.kind == "base":
         stages.eval_stage(C.eval_params(cfg), "base", r / "data/heldout.jsonl", None, r / "base/eval.json")
         return 0
     _need(args, "arm", "seed")
     run = r / args.arm / f"seed{args.seed}"
+    _exists(run / "adapter", f"train it first: `python -m talkmethods train --arm {args.arm} --seed {args.seed}`")
     stages.eval_stage(C.eval_params(cfg), args.kind, r / "data/heldout.jsonl", str(run / "adapter"),
                       run / f"{args.kind}.json", arm=args.arm, seed=args.seed)
     return 0
@@ -82,6 +85,24 @@ def _need(args, *names):
     missing = [n for n in names if getattr(args, n) is None]
     if missing:
         raise SystemExit(f"talkmethods {args.stage}: missing --{' --'.join(missing)}")
+    if "arm" in names:
+        from talkmethods.config import ConfigError, schema
+
+        allowed = schema()["properties"]["arms"]["items"]["enum"]
+        if args.arm not in allowed:
+            raise ConfigError(f"--arm {args.arm!r} is not valid; allowed: {', '.join(allowed)}")
+    if "seed" in names and args.seed < 0:
+        from talkmethods.config import ConfigError
+
+        raise ConfigError(f"--seed {args.seed} is not valid; expected an integer >= 0 (as in seeds)")
+
+
+def _exists(path: Path, hint: str) -> None:
+    """An input another stage writes: say which stage to run instead of a FileNotFoundError traceback."""
+    if not path.exists():
+        from talkmethods.problems import DataError
+
+        raise DataError(f"{path}: not found; {hint}")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from importlib import resources
 
 import yaml
 
-from talkmethods.models import OFFLINE_MODEL
+OFFLINE_MODEL = "offline-tiny-qwen2"  # = talkmethods.models.OFFLINE_MODEL (not imported: that pulls in torch)
+GSM8K_ROWS = {"n_train": 7473, "n_heldout": 1319}  # openai/gsm8k (main): rows of train and test
 
 
 class ConfigError(ValueError):
@@ -49,6 +51,7 @@ def validate_config(config: dict) -> None:
             raise ConfigError(f"config: {key}: {e.message}")
         value = e.instance
         raise ConfigError(f"config: {key} = {value!r} is not valid: {e.message}; {_allowed(e)}".rstrip("; "))
+    _check_finite(config, [])
     name = config["model"]["name"]
     looks_local = name.startswith((".", "/", "~")) or os.sep in name and not _hub_id(name)
     if looks_local and not os.path.isdir(os.path.expanduser(name)):
@@ -58,6 +61,46 @@ def validate_config(config: dict) -> None:
         d = data.get("local_dir")
         if not d or not os.path.isdir(d):
             raise ConfigError(f"config: data.local_dir = {d!r}: no such directory (needed by data.source: local)")
+    _check_pool_sizes(data)
+
+
+def _check_finite(node, path) -> None:
+    """A schema passes NaN (every comparison with it is false): refuse NaN and infinities by name."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, [*path, k])
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_finite(v, [*path, i])
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"config: {_where(path)} = {node!r} is not valid: expected a finite number")
+
+
+def _check_pool_sizes(data: dict) -> None:
+    """More problems asked than the source holds at all: fail now, not in the split job.
+
+    Only the row counts are checked here (cheap); the split job still fails, naming the key, when
+    too few of the rows are eligible for the fact split.
+    """
+    if data["source"] == "hub":
+        sizes = {key: (n, "openai/gsm8k " + split) for (key, n), split in zip(GSM8K_ROWS.items(), ("train", "test"))}
+    elif data["source"] == "local":
+        sizes = {}
+        for key, name in (("n_train", "train.jsonl"), ("n_heldout", "test.jsonl")):
+            path = os.path.join(data["local_dir"], name)
+            try:
+                with open(path, "rb") as f:
+                    sizes[key] = (sum(1 for line in f if line.strip()), path)
+            except OSError:
+                continue  # a missing file is the split job's DataError, naming the file
+    else:
+        return
+    for key, (rows, where) in sizes.items():
+        if data[key] > rows:
+            raise ConfigError(
+                f"config: data.{key} = {data[key]} is more than the {rows} problems in {where} "
+                f"(and only the eligible ones, with two or more fact sentences, count): lower data.{key}"
+            )
 
 
 def _hub_id(name: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from contextlib import contextmanager
 
@@ -24,14 +25,32 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 @contextmanager
 def friendly_errors():
-    """Turn known user errors and GPU out-of-memory into one line on stderr and exit status 2."""
+    """Turn known user errors into one line on stderr and exit status 2; GPU out-of-memory into exit status 3."""
     import torch
 
     try:
         yield
     except user_errors() as err:
-        sys.stderr.write(f"error: {err}\n")
+        _report(str(err))
         raise SystemExit(2) from None
     except torch.cuda.OutOfMemoryError as err:
-        sys.stderr.write(f"error: {OOM_HINT}\n({str(err).splitlines()[0]})\n")
-        raise SystemExit(3) from None
+        _oom_exit(err)
+    except RuntimeError as err:  # cuBLAS / cuDNN workspaces report "CUDA error: out of memory" as a plain RuntimeError
+        if "out of memory" not in str(err).lower():
+            raise
+        _oom_exit(err)
+
+
+def _oom_exit(err: BaseException):
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    _report(f"{OOM_HINT}\n({first})")
+    raise SystemExit(3) from None
+
+
+def _report(message: str) -> None:
+    """``error: message`` on stderr, and in the log files of the root logger (a Snakemake rule's log:)."""
+    sys.stderr.write(f"error: {message}\n")
+    record = logging.LogRecord("talkmethods", logging.ERROR, __file__, 0, "error: %s", (message,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)

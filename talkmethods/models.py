@@ -145,11 +145,8 @@ def load_tokenizer(spec: ModelSpec):
 
     try:
         tok = AutoTokenizer.from_pretrained(spec.name, padding_side="left", trust_remote_code=False)
-    except OSError as err:
-        raise ModelError(
-            f"model.name={spec.name!r}: not a local directory and the hub cannot be reached ({err}). "
-            f"Point model.name at a local copy, or use {OFFLINE_MODEL!r}."
-        ) from None
+    except (OSError, ValueError) as err:
+        raise _load_error(spec, "tokenizer", err) from None
     if tok.pad_token is None:
         tok.pad_token = "<|endoftext|>"
     return tok
@@ -171,12 +168,22 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: str | torch.device =
 
         try:
             model = AutoModelForCausalLM.from_pretrained(spec.name, dtype=dtype, trust_remote_code=False)
-        except OSError as err:
-            raise ModelError(
-                f"model.name={spec.name!r}: not a local directory and the hub cannot be reached ({err}). "
-                f"Point model.name at a local copy, or use {OFFLINE_MODEL!r}."
-            ) from None
+        except (OSError, ValueError) as err:
+            raise _load_error(spec, "causal LM", err) from None
     return model.to(device)
+
+
+def _load_error(spec: ModelSpec, what: str, err: Exception) -> ModelError:
+    """One line naming model.name, what could not be loaded and the first line of why."""
+    cause = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if os.path.isdir(os.path.expanduser(spec.name)):
+        why = f"the directory holds no loadable {what} ({cause})"
+    elif isinstance(err, OSError):
+        why = f"not a local directory and the hub cannot be reached ({cause})"
+    else:
+        why = f"no loadable {what} there ({cause})"
+    return ModelError(f"model.name={spec.name!r}: {why}. Point model.name at a local copy of a Hugging Face "
+                      f"model (config.json, tokenizer, weights), or use {OFFLINE_MODEL!r}.")
 
 
 def pick_device_and_dtype(precision: str = "auto") -> tuple[torch.device, torch.dtype]:

@@ -8,10 +8,12 @@ logging, checkpoints and LoRA (through ``peft_config``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -22,7 +24,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from transformers import TrainerCallback
 
-from talkmethods.atomic import atomic_path
+from talkmethods.atomic import atomic_path, write_json, write_text
 from talkmethods.credit import ARM_PLANS, CREDIT_RULES, draw_with_replays
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
 from talkmethods.rollout import Chat, PlainGenerator, Sampling, Turn, judge_by_gold, play_chats
@@ -139,6 +141,10 @@ class TalkTrainer(GRPOTrainer):
         self.generator_factory = generator_factory
         self.last_rows = 0
 
+    def _get_train_sampler(self, dataset=None):
+        """TRL's RepeatSampler, resumable past the first epoch (see ``_replayable``)."""
+        return _replayable(super()._get_train_sampler(dataset))
+
     def _seats(self, n: int) -> list[tuple[bool, bool]]:
         """A always trained; the last ``base_b_per_4`` of every 4 chats have a base B."""
         per4 = self.plan.base_b_per_4
@@ -198,6 +204,25 @@ class TalkTrainer(GRPOTrainer):
         return batch
 
 
+def _replayable(sampler):
+    """Give TRL's RepeatSampler a ``set_epoch`` that replays its shuffle generator to that epoch's start.
+
+    The sampler draws one ``randperm`` per epoch from its own generator, seeded once with args.seed; HF's
+    rng_state.pth holds only the global RNGs, so a resumed process restarts that generator and, from the
+    2nd pass over the problems on, would deal them in the 1st pass's order. Trainer calls ``set_epoch``
+    before every epoch (through accelerate's DataLoaderShard), resumed or not: an uninterrupted run keeps
+    exactly its order, and a resumed one gets the same.
+    """
+    if getattr(sampler, "shuffle", False) and getattr(sampler, "seed", None) is not None:
+        def set_epoch(epoch: int) -> None:
+            sampler.generator.manual_seed(sampler.seed)
+            for _ in range(epoch):
+                torch.randperm(sampler.num_samples, generator=sampler.generator)
+
+        sampler.set_epoch = set_epoch
+    return sampler
+
+
 class StepLog(TrainerCallback):
     """Writes one JSON line per optimizer step (and one log line) to ``path``."""
 
@@ -228,11 +253,72 @@ class StepLog(TrainerCallback):
 
 
 def _truncate_log(path: Path, last_step: int) -> None:
-    """Keep the log lines of steps <= last_step (a resumed run rewrites the steps after its checkpoint)."""
+    """Keep the log lines of steps <= last_step (a resumed run rewrites the steps after its checkpoint).
+
+    A line cut short by a kill is dropped (it belongs to a step after the checkpoint); the rewrite is atomic.
+    """
     if not path.exists():
         return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= last_step]
-    path.write_text("".join(k + "\n" for k in keep))
+    keep = []
+    for ln in path.read_text().splitlines():
+        try:
+            if json.loads(ln)["step"] <= last_step:
+                keep.append(ln)
+        except (ValueError, KeyError, TypeError):
+            continue
+    write_text(path, "".join(k + "\n" for k in keep))
+
+
+RUN_KEY = "run_key.json"  # in the work dir: which config and problems its checkpoints belong to
+
+
+def _run_key(cfg: TrainConfig, problems: list[dict]) -> dict:
+    """What a checkpoint is only valid for: the whole TrainConfig and the exact problems."""
+    blob = json.dumps(problems, sort_keys=True, ensure_ascii=False).encode()
+    return json.loads(json.dumps({"config": _jsonable(asdict(cfg)), "problems_sha256": hashlib.sha256(blob).hexdigest()}))
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(m[1]) if m and path.is_dir() else None
+
+
+def _complete(ckpt: Path) -> bool:
+    """Trainer._save_checkpoint writes trainer_state.json last: without a whole one, a kill cut the save."""
+    try:
+        return json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == _checkpoint_step(ckpt)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def last_checkpoint(work_dir: Path, key: dict) -> Path | None:
+    """The newest complete checkpoint in ``work_dir`` made for ``key``, or None (start afresh).
+
+    Checkpoints cut by a kill mid-save are deleted. Checkpoints of another config or other problems
+    (``run_key.json`` differs or is missing) are deleted with the live log, so an edited recipe
+    never resumes from a stale run. ``key`` is then recorded for this run.
+    """
+    ckpts = sorted((s, p) for p in work_dir.glob("checkpoint-*") if (s := _checkpoint_step(p)) is not None)
+    key_path = work_dir / RUN_KEY
+    try:
+        same_run = json.loads(key_path.read_text()) == key
+    except (OSError, ValueError):
+        same_run = False
+    if ckpts and not same_run:
+        log.warning("%s holds checkpoints of another config or other problems: starting afresh", work_dir)
+        for _, p in ckpts:
+            shutil.rmtree(p)
+        (work_dir / "train_log.jsonl").unlink(missing_ok=True)
+        ckpts = []
+    write_json(key_path, key)
+    last = None
+    for _, p in reversed(ckpts):
+        if last is None and _complete(p):
+            last = p
+        elif not _complete(p):
+            log.warning("deleting %s: cut short by a kill while it was being saved", p)
+            shutil.rmtree(p)
+    return last
 
 
 def rollout_reward(**_):
@@ -281,12 +367,10 @@ def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_pat
     The checkpoint and the in-progress log live in ``work_dir`` (outside the declared outputs, which
     Snakemake deletes before a rerun); the outputs are written atomically at the end.
     """
-    from transformers.trainer_utils import get_last_checkpoint
-
     work_dir.mkdir(parents=True, exist_ok=True)
     live_log = work_dir / "train_log.jsonl"
-    last = get_last_checkpoint(str(work_dir)) if any(work_dir.glob("checkpoint-*")) else None
-    resumed_from = int(last.rsplit("-", 1)[1]) if last else 0
+    last = last_checkpoint(work_dir, _run_key(cfg, problems))
+    resumed_from = _checkpoint_step(last) if last else 0
     if last:
         log.info("resuming %s seed %d from %s", cfg.arm, cfg.seed, last)
     _truncate_log(live_log, resumed_from)
@@ -295,7 +379,13 @@ def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_pat
     trainer = build_trainer(cfg, problems, work_dir, callbacks=[StepLog(live_log)],
                             generator_factory=ENGINES[cfg.engine])
     t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last)
+    if last and resumed_from >= cfg.steps:
+        # Training had finished (the job died writing its outputs). Trainer.train would run one step
+        # more before checking max_steps: load the final adapter weights instead, as its resume does.
+        trainer.model.load_adapter(str(last), "default", is_trainable=True)
+        trainer.state.global_step = resumed_from
+    else:
+        trainer.train(resume_from_checkpoint=str(last) if last else None)
     with atomic_path(adapter_dir) as tmp:
         trainer.model.save_pretrained(str(tmp))
     with atomic_path(log_path) as tmp:
