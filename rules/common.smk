@@ -12,6 +12,14 @@ except tm_config.ConfigError as err:
     sys.stderr.write(f"error: {err}\n")
     sys.exit(1)
 
+
+# Cheap bookkeeping rules run where Snakemake runs, not as cluster jobs.
+localrules:
+    train_curve,
+    aggregate,
+    card,
+
+
 ARMS = config["arms"]
 SEEDS = config["seeds"]
 EVAL_KINDS = ["eval", "crossplay", "crossplay_bA"]

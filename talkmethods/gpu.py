@@ -48,10 +48,18 @@ def claim_gpu(poll_s: float = 2.0, timeout_s: float | None = None):
         yield None
         return
     lock_dir().mkdir(parents=True, exist_ok=True)
+    try:  # shared by every user of the host (sticky, like /tmp)
+        os.chmod(lock_dir(), 0o1777)
+    except PermissionError:
+        pass  # another user made it, already shared
     start = time.monotonic()
     while True:
         for gpu in range(n):
             fd = os.open(lock_dir() / f"gpu{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                os.fchmod(fd, 0o666)  # the umask must not lock other users out
+            except PermissionError:
+                pass  # another user's file, already 0o666
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

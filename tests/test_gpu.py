@@ -1,0 +1,238 @@
+"""talkmethods.gpu.claim_gpu on a CPU machine, with the GPU count faked (TALKMETHODS_FAKE_GPUS).
+
+Claimants are real processes (a small Python snippet each), as Snakemake's parallel GPU jobs are:
+the lock is an fcntl.flock per GPU, which only means something between open file descriptions.
+Each worker claims, writes a record (its GPU, pid, CUDA_VISIBLE_DEVICES, times), and holds the GPU
+until the test tells it to let go (a release file) or for at most a few seconds, then exits.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from talkmethods import gpu as tm_gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 3  # faked GPUs
+
+WORKER = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from talkmethods.gpu import claim_gpu
+
+record, release, max_hold = sys.argv[2], sys.argv[3], float(sys.argv[4])
+
+def write(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)  # the test sees a whole record or none
+
+before = os.environ.get("CUDA_VISIBLE_DEVICES")
+with claim_gpu(poll_s=0.05) as gpu:
+    data = {"gpu": gpu, "pid": os.getpid(), "before": before,
+            "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "t_claim": time.time()}
+    write(record, data)
+    end = time.monotonic() + max_hold
+    while time.monotonic() < end and not os.path.exists(release):
+        time.sleep(0.02)
+    data["t_release"] = time.time()
+data["cvd_after"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+write(record + ".done", data)
+"""
+
+
+class Worker:
+    def __init__(self, tmp: Path, name: str, env: dict, max_hold: float = 15.0):
+        self.record = tmp / f"{name}.json"
+        self.release_file = tmp / f"{name}.release"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(ROOT), str(self.record), str(self.release_file), str(max_hold)],
+            env=env,
+        )
+
+    def claimed(self) -> dict | None:
+        return json.loads(self.record.read_text()) if self.record.exists() else None
+
+    def wait_claim(self, timeout: float = 10.0) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            rec = self.claimed()
+            if rec is not None:
+                return rec
+            assert self.proc.poll() is None, f"worker exited ({self.proc.returncode}) without claiming"
+            time.sleep(0.02)
+        raise AssertionError(f"no claim within {timeout} s")
+
+    def release(self) -> dict:
+        self.release_file.touch()
+        assert self.proc.wait(timeout=10) == 0
+        return json.loads(Path(str(self.record) + ".done").read_text())
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def gpu_env(tmp_path, monkeypatch):
+    """Environment for claimants: N fake GPUs, a private lock dir, no CUDA_VISIBLE_DEVICES."""
+    locks = tmp_path / "locks"
+    monkeypatch.setenv("TALKMETHODS_FAKE_GPUS", str(N))
+    monkeypatch.setenv("TALKMETHODS_GPU_LOCK_DIR", str(locks))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return dict(os.environ)
+
+
+@pytest.fixture()
+def workers(tmp_path, gpu_env):
+    started: list[Worker] = []
+
+    def start(name: str, **kw) -> Worker:
+        w = Worker(tmp_path, name, gpu_env, **kw)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.kill()
+
+
+def test_parallel_claimants_never_share_a_gpu(workers):
+    ws = [workers(f"w{i}", max_hold=5.0) for i in range(N)]
+    recs = [w.wait_claim() for w in ws]
+    assert sorted(r["gpu"] for r in recs) == list(range(N))
+    for r in recs:
+        assert r["before"] is None
+        assert r["cvd"] == str(r["gpu"])  # the claimed GPU, and only it, is visible
+    done = [w.release() for w in ws]
+    # all N held their GPU at the same time, and each dropped CUDA_VISIBLE_DEVICES on release
+    assert max(d["t_claim"] for d in done) < min(d["t_release"] for d in done)
+    assert all(d["cvd_after"] is None for d in done)
+
+
+def test_many_short_jobs_never_overlap_on_a_gpu(workers):
+    """Twice as many claimants as GPUs, each holding its GPU for ~1 s: no two hold one at once."""
+    ws = [workers(f"s{i}", max_hold=1.0) for i in range(2 * N)]
+    for w in ws:
+        assert w.proc.wait(timeout=20) == 0
+    done = [json.loads(Path(str(w.record) + ".done").read_text()) for w in ws]
+    assert len({d["pid"] for d in done}) == 2 * N
+    for g in range(N):
+        spans = sorted((d["t_claim"], d["t_release"]) for d in done if d["gpu"] == g)
+        assert spans, f"GPU {g} never used"
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert start >= end, f"GPU {g} held twice at once: {spans}"
+
+
+def test_one_more_claimant_waits_until_a_gpu_is_freed(workers):
+    ws = [workers(f"w{i}") for i in range(N)]
+    recs = [w.wait_claim() for w in ws]
+    extra = workers("extra")
+    time.sleep(1.0)
+    assert extra.claimed() is None and extra.proc.poll() is None, "took a GPU that was held"
+
+    freed = recs[1]["gpu"]
+    t_release = ws[1].release()["t_release"]
+    rec = extra.wait_claim(timeout=5)
+    assert rec["gpu"] == freed
+    assert rec["t_claim"] >= t_release
+    for w in ws[::2]:
+        assert w.proc.poll() is None  # the others still hold theirs
+
+
+def test_sigkilled_holder_frees_its_gpu(workers, tmp_path):
+    ws = [workers(f"w{i}") for i in range(N)]
+    recs = [w.wait_claim() for w in ws]
+    extra = workers("extra")
+    time.sleep(0.5)
+    assert extra.claimed() is None
+
+    victim = recs[2]
+    lock_text = (tmp_path / "locks" / f"gpu{victim['gpu']}.lock").read_text()
+    assert lock_text.strip() == str(victim["pid"])  # the lock file names its holder
+    os.kill(victim["pid"], signal.SIGKILL)
+    t_kill = time.time()
+    rec = extra.wait_claim(timeout=5)
+    assert rec["gpu"] == victim["gpu"]
+    assert rec["t_claim"] - t_kill < 5
+
+
+def test_busy_gpus_are_skipped_in_process(gpu_env, tmp_path):
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    held = os.open(locks / "gpu0.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with tm_gpu.claim_gpu(poll_s=0.01) as g:
+            assert g == 1
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+        # released: it can be claimed again, also after an exception in the body
+        with pytest.raises(RuntimeError):
+            with tm_gpu.claim_gpu(poll_s=0.01) as g:
+                assert g == 1
+                raise RuntimeError("job failed")
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+        with tm_gpu.claim_gpu(poll_s=0.01) as g:
+            assert g == 1
+    finally:
+        os.close(held)
+
+
+def test_timeout_when_every_gpu_is_held(gpu_env, tmp_path):
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    fds = [os.open(locks / f"gpu{i}.lock", os.O_RDWR | os.O_CREAT) for i in range(N)]
+    try:
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=f"no free GPU among {N}"):
+            with tm_gpu.claim_gpu(poll_s=0.05, timeout_s=0.3):
+                pass
+        assert time.monotonic() - t0 < 5
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("preset", ["0", "3,1", ""])
+def test_noop_when_cuda_visible_devices_is_already_set(gpu_env, tmp_path, monkeypatch, preset):
+    """Under SLURM the scheduler has set CUDA_VISIBLE_DEVICES: claim nothing, change nothing."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", preset)
+    with tm_gpu.claim_gpu(poll_s=0.01, timeout_s=0.1) as g:
+        assert g is None
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == preset
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == preset
+    assert not (tmp_path / "locks").exists()
+
+
+def test_noop_without_gpus(gpu_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("TALKMETHODS_FAKE_GPUS", "0")
+    with tm_gpu.claim_gpu(poll_s=0.01, timeout_s=0.1) as g:
+        assert g is None
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert not (tmp_path / "locks").exists()
+
+
+def test_noop_under_slurm_in_a_worker(workers, gpu_env, tmp_path):
+    """The same through a separate process, as a SLURM job step sees it."""
+    gpu_env["CUDA_VISIBLE_DEVICES"] = "1"
+    w = Worker(tmp_path, "slurm", gpu_env, max_hold=0.0)
+    assert w.proc.wait(timeout=10) == 0
+    done = json.loads(Path(str(w.record) + ".done").read_text())
+    assert done["gpu"] is None and done["cvd"] == "1" and done["cvd_after"] == "1"
+    assert not (tmp_path / "locks").exists()
