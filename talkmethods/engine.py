@@ -60,14 +60,8 @@ class LoopGenerator(PlainGenerator):
     def _decode(self, prompts, adapter_on, sampling: Sampling, peft_mixed: bool) -> list[list[int]]:
         from transformers import DynamicCache
 
-        device = next(self.model.parameters()).device
-        n, width = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = self.left_pad(prompts)
+        n, device = ids.size(0), ids.device
         extra = {"adapter_names": ["default" if on else BASE_ADAPTER for on in adapter_on]} if peft_mixed else {}
         eos = torch.tensor(self.eos_ids, device=device)
         cache = DynamicCache()

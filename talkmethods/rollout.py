@@ -93,16 +93,22 @@ class PlainGenerator:
         finally:
             self.model.train(was_training)
 
-    def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+    def left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt ids and attention mask, left-padded so every row's next token sits at the same column."""
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every row's next token sits at the same column
+        for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
+        return ids.to(device), mask.to(device)
+
+    def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+        ids, mask = self.left_pad(prompts)
+        width = ids.size(1)
         kwargs = dict(
-            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=sampling.max_new_tokens,
+            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
             do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
         )
