@@ -1,5 +1,4 @@
 import sys
-from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)  # the package sits beside the Snakefile
 
@@ -35,7 +34,3 @@ wildcard_constraints:
 def package_src(*modules):
     """The package modules a stage runs, as inputs: editing one reruns that stage and what follows."""
     return [os.path.join(workflow.basedir, "talkmethods", f"{m}.py") for m in modules]
-
-
-def run_dir(arm, seed):
-    return f"results/{arm}/seed{seed}"

@@ -4,6 +4,7 @@ rule train:
         src=package_src(
             "trainer",
             "rollout",
+            "engine",
             "credit",
             "dialogue",
             "grading",
