@@ -57,3 +57,14 @@ def tiny_problems(n: int = 8) -> list[dict]:
 @pytest.fixture()
 def problems() -> list[dict]:
     return tiny_problems(8)
+
+
+def dotted_name(node) -> str:
+    """The dotted name of an AST callee (``torch.load``), or "?" for anything else (for source scans)."""
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{dotted_name(node.value)}.{node.attr}"
+    return "?"

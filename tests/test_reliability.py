@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import dotted_name
 
 REPO = Path(__file__).resolve().parents[1]
 ARM, SEED, STEPS = "grpo", 17, 6
@@ -548,11 +549,11 @@ def _direct_writes(path: Path) -> set[tuple[str, str, str]]:
         if isinstance(node, (_ast.FunctionDef, _ast.AsyncFunctionDef)):
             func = node.name
         if isinstance(node, _ast.With) and any(
-                isinstance(item.context_expr, _ast.Call) and _dotted(item.context_expr.func).endswith("atomic_path")
+                isinstance(item.context_expr, _ast.Call) and dotted_name(item.context_expr.func).endswith("atomic_path")
                 for item in node.items):
             atomic = True
         if isinstance(node, _ast.Call) and not atomic:
-            name = _dotted(node.func)
+            name = dotted_name(node.func)
             if _is_write(node, name):
                 out.add((str(path.relative_to(REPO)), func, name))
         for child in _ast.iter_child_nodes(node):
@@ -560,14 +561,6 @@ def _direct_writes(path: Path) -> set[tuple[str, str, str]]:
 
     visit(tree, "<module>", False)
     return out
-
-
-def _dotted(node) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted(node.value)}.{node.attr}"
-    return "?"
 
 
 def test_no_output_bypasses_the_atomic_helpers():

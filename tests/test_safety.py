@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import dotted_name
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = sorted([*(REPO / "talkmethods").rglob("*.py"), *(REPO / "workflow_scripts").glob("*.py"),
@@ -30,15 +31,7 @@ def _calls(path: Path):
     """(call node, dotted callee name) for every call in ``path``."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Call):
-            yield node, _dotted(node.func)
-
-
-def _dotted(node) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted(node.value)}.{node.attr}"
-    return "?"
+            yield node, dotted_name(node.func)
 
 
 def test_the_scan_sees_the_package():
@@ -161,7 +154,7 @@ def test_transformers_resume_path_loads_with_weights_only():
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and _dotted(node.func) == "torch.load":
+            if isinstance(node, ast.Call) and dotted_name(node.func) == "torch.load":
                 kw = {k.arg: k.value for k in node.keywords}
                 assert isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True, \
                     f"Trainer.{name}: torch.load without weights_only=True (line {node.lineno})"
