@@ -1,10 +1,11 @@
-"""Rollout engines: a hand-written decode loop (default) beside the reference ``model.generate`` path.
+"""Rollout engines: an eager decode loop beside the reference ``model.generate`` path, and the sampler.
 
 ``LoopGenerator`` runs prefill once, then one forward per new token over a KV cache, and samples on
 the device by inverse CDF (``searchsorted`` over the cumulative probabilities) instead of
 ``torch.multinomial``, which dominates decode time on a CPU at Qwen's 151,936-token vocabulary.
 Top-k is applied before top-p so that eval sampling (top-k 20, top-p 0.8) never sorts the vocabulary.
-Select it with ``train.engine`` / ``eval.engine``: ``loop`` (default) or ``plain`` (``generate``).
+Select an engine with ``train.engine`` / ``eval.engine``: ``fast`` (default; ``fastdecode.py``: merged
+weights, static KV cache, CUDA graphs), ``loop`` (this decode loop over the live model) or ``plain``.
 """
 
 from __future__ import annotations
@@ -16,20 +17,35 @@ from talkmethods.rollout import BASE_ADAPTER, PlainGenerator, Sampling
 
 def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
     """Sample one token per row from ``logits`` (B, V) with temperature, top-k and top-p."""
-    logits = logits.float() / sampling.temperature
-    if sampling.top_k and sampling.top_k < logits.size(-1):
-        vals, idx = torch.topk(logits, sampling.top_k, dim=-1)  # (B, k), sorted descending
+    u = torch.rand(logits.size(0), device=logits.device, generator=generator)
+    return pick_token(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p, u)
+
+
+def sample_with_logprob(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                        u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A token per row drawn with the uniforms ``u`` (B,), and its log-prob under ``softmax(logits / T)``.
+
+    The log-prob is the one TRL's loss computes (temperature applied, top-k/top-p not), so the trainer
+    can compare the rollout's numbers with its own.
+    """
+    scaled = logits.float() / temperature
+    tok = pick_token(scaled, top_k, top_p, u)
+    return tok, torch.log_softmax(scaled, dim=-1).gather(-1, tok[:, None])[:, 0]
+
+
+def pick_token(scaled: torch.Tensor, top_k: int, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF pick from temperature-scaled logits, top-k first, then top-p; ``u``: (B,) uniforms."""
+    if top_k and top_k < scaled.size(-1):
+        vals, idx = torch.topk(scaled, top_k, dim=-1)  # (B, k), sorted descending
         probs = torch.softmax(vals, dim=-1)
-        if sampling.top_p < 1.0:
-            probs = _nucleus(probs, sampling.top_p)
-        pick = _inverse_cdf(probs, generator)
-        return idx.gather(-1, pick)[:, 0]
-    probs = torch.softmax(logits, dim=-1)
-    if sampling.top_p < 1.0:
+        if top_p < 1.0:
+            probs = _nucleus(probs, top_p)
+        return idx.gather(-1, _inverse_cdf(probs, u))[:, 0]
+    probs = torch.softmax(scaled, dim=-1)
+    if top_p < 1.0:
         sp, si = torch.sort(probs, dim=-1, descending=True)
-        sp = _nucleus(sp, sampling.top_p)
-        return si.gather(-1, _inverse_cdf(sp, generator))[:, 0]
-    return _inverse_cdf(probs, generator)[:, 0]
+        return si.gather(-1, _inverse_cdf(_nucleus(sp, top_p), u))[:, 0]
+    return _inverse_cdf(probs, u)[:, 0]
 
 
 def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -38,10 +54,9 @@ def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return sorted_probs.masked_fill(before >= top_p, 0.0)
 
 
-def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(-1)
-    u = torch.rand((probs.size(0), 1), device=probs.device, generator=generator) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).clamp_(max=probs.size(-1) - 1)  # (B, 1)
+    return torch.searchsorted(cdf, u[:, None].to(cdf.dtype) * cdf[:, -1:]).clamp_(max=probs.size(-1) - 1)  # (B, 1)
 
 
 class LoopGenerator(PlainGenerator):
@@ -69,12 +84,14 @@ class LoopGenerator(PlainGenerator):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True, logits_to_keep=1, **extra)
         done = torch.zeros(n, dtype=torch.bool, device=device)
-        tokens = []
+        tokens, logps = [], []
         pos = positions[:, -1:]
         for _ in range(sampling.max_new_tokens):
-            nxt = sample_next(out.logits[:, -1, :], sampling)
+            u = torch.rand(n, device=device)
+            nxt, logp = sample_with_logprob(out.logits[:, -1, :], sampling.temperature, sampling.top_k, sampling.top_p, u)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
+            logps.append(logp)
             done |= torch.isin(nxt, eos)
             if bool(done.all()):
                 break
@@ -82,7 +99,16 @@ class LoopGenerator(PlainGenerator):
             pos = pos + 1
             out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
                              use_cache=True, logits_to_keep=1, **extra)
-        return self._trim(torch.stack(tokens, dim=1))
+        trimmed = self._trim(torch.stack(tokens, dim=1))
+        lps = torch.stack(logps, dim=1).tolist()
+        self.last_logprobs = [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
+        return trimmed
 
 
-ENGINES = {"plain": PlainGenerator, "loop": LoopGenerator}
+def _fast(model, tokenizer):
+    from talkmethods.fastdecode import FastGenerator
+
+    return FastGenerator(model, tokenizer)
+
+
+ENGINES = {"plain": PlainGenerator, "loop": LoopGenerator, "fast": _fast}

@@ -47,6 +47,7 @@ class Turn:
     prompt_ids: list[int]
     completion_ids: list[int]
     text: str
+    logprobs: list[float] | None = None  # the rollout engine's log-prob of each completion token
 
 
 @dataclass
@@ -82,6 +83,10 @@ class PlainGenerator:
         self.tokenizer = tokenizer
         self.eos_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
         self.pad_id = tokenizer.pad_token_id
+        self.last_logprobs: list[list[float]] | None = None  # engines that score their tokens set this
+
+    def sync_weights(self) -> None:
+        """Called after each optimizer step; this engine reads the live model, so nothing to do."""
 
     def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
         """Sample one completion per prompt; returns token ids up to and including the first EOS."""
@@ -171,9 +176,10 @@ def play_chats(
         t0 = time.perf_counter()
         completions = generator.generate(prompts, adapter_on, sampling)
         stats["gen_s"] += time.perf_counter() - t0
-        for chat, p, c, on in zip(chats, prompts, completions, adapter_on, strict=True):
+        logprobs = getattr(generator, "last_logprobs", None) or [None] * len(completions)
+        for chat, p, c, on, lp in zip(chats, prompts, completions, adapter_on, logprobs, strict=True):
             text = tokenizer.decode(c, skip_special_tokens=True)
-            chat.turns.append(Turn(seat=seat, adapter_on=on, prompt_ids=p, completion_ids=c, text=text))
+            chat.turns.append(Turn(seat=seat, adapter_on=on, prompt_ids=p, completion_ids=c, text=text, logprobs=lp))
         stats["longest_prompt"] = max(stats["longest_prompt"], max(len(p) for p in prompts))
         stats["completion_tokens"] += sum(len(c) for c in completions)
         stats["turns"] += len(completions)

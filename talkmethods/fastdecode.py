@@ -1,0 +1,447 @@
+"""The fast rollout engine: merged weights, a static KV cache, one CUDA graph per decode step.
+
+What makes it fast (DESIGN §4), in the order it matters on a GPU:
+
+* **Merged weights.** Seat turns run on an inference copy of the weights with the LoRA product
+  folded in (``W + s·B·A``, q/k/v and gate/up fused into one matrix each). ``sync_weights`` rewrites
+  that copy in place after every optimizer step, so captured graphs see the new policy. Base-seat
+  turns (mixed partners, base evals) run on a second fused copy without the adapter; PEFT's
+  per-row adapter routing and ``disable_adapter`` are never on the hot path.
+* **Static KV cache, one CUDA graph per step.** The cache is allocated once per batch size; a
+  decode step (embed → 28 layers → sampling → cache write → stop flags) is one
+  ``torch.compile``'d function captured in a CUDA graph, so a step is one ``replay()`` with no host
+  work. Attention reads only the first ``S`` columns of the cache, ``S`` the turn's prompt width plus
+  ``max_new_tokens`` rounded up to 256, so short turns do not pay for the longest one.
+* **Sampling on the device** from uniforms drawn once per turn (inverse CDF, top-k before top-p,
+  the same rule as ``engine.sample_next``), and the per-token log-prob of every sampled token under
+  ``softmax(logits / T)``: the trainer compares it with its own (``train_log.jsonl``:
+  ``logp_diff_max``).
+
+On a CPU (tests, the offline default) the same maths runs eagerly, without compile or graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from talkmethods.engine import sample_with_logprob
+from talkmethods.rollout import PlainGenerator, Sampling
+
+log = logging.getLogger(__name__)
+
+ADAPTER = "default"
+COLUMN_BUCKET = 256  # cache columns attended are rounded up to this (one graph per bucket)
+PREFILL_TOKENS = 32_768  # prompt tokens per prefill chunk (bounds activation memory)
+
+
+def batch_bucket(n: int) -> int:
+    """Rows a batch of ``n`` chats is padded to: powers of two up to 512, then multiples of 128."""
+    if n <= 512:
+        return max(8, 1 << (n - 1).bit_length())
+    return -(-n // 128) * 128
+
+
+@dataclass(frozen=True)
+class Arch:
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+    @classmethod
+    def of(cls, config) -> "Arch":
+        if getattr(config, "model_type", None) not in ("qwen2",):
+            raise ValueError(f"the fast engine runs Qwen2-architecture models, not {config.model_type!r}: set train.engine and eval.engine to loop")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, head_dim,
+                   config.rms_norm_eps)
+
+
+def _base_model(model):
+    """The HF CausalLM under a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _effective_weight(linear, adapter: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (weight, bias) a possibly-LoRA Linear applies, the adapter folded in when ``adapter``."""
+    if not hasattr(linear, "base_layer"):
+        return linear.weight, linear.bias
+    base = linear.base_layer
+    weight = base.weight
+    if adapter and ADAPTER in linear.lora_A:
+        if linear.use_dora.get(ADAPTER, False):
+            raise ValueError("the fast engine does not merge DoRA adapters: set train.engine and eval.engine to loop")
+        a = linear.lora_A[ADAPTER].weight.float()
+        b = linear.lora_B[ADAPTER].weight.float()
+        weight = (weight.float() + (b @ a) * linear.scaling[ADAPTER]).to(weight.dtype)
+    return weight, base.bias
+
+
+class FusedWeights:
+    """One fused inference copy of the policy's weights, with or without the adapter.
+
+    Per layer: ``[in_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w]``; then ``[norm, embed, lm_head]``.
+    Norms and embeddings are the model's own tensors (LoRA does not touch them); the fused matrices are
+    owned here and rewritten in place by ``refresh`` so that captured CUDA graphs keep their addresses.
+    """
+
+    def __init__(self, model, adapter: bool):
+        self.model, self.adapter = model, adapter
+        hf = _base_model(model)
+        self.arch = Arch.of(hf.config)
+        self.tensors: list[torch.Tensor] = []
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                att, mlp = layer.self_attn, layer.mlp
+                qkv_w, qkv_b = self._cat([att.q_proj, att.k_proj, att.v_proj])
+                gu_w, _ = self._cat([mlp.gate_proj, mlp.up_proj])
+                self.tensors += [layer.input_layernorm.weight, qkv_w, qkv_b,
+                                 _effective_weight(att.o_proj, adapter)[0].clone(),
+                                 layer.post_attention_layernorm.weight, gu_w,
+                                 _effective_weight(mlp.down_proj, adapter)[0].clone()]
+            self.tensors += [hf.model.norm.weight, hf.model.embed_tokens.weight, hf.lm_head.weight]
+        rope = hf.model.rotary_emb
+        self.inv_freq = rope.inv_freq.float().clone()
+        self.rope_scale = float(getattr(rope, "attention_scaling", 1.0))
+
+    def _cat(self, linears) -> tuple[torch.Tensor, torch.Tensor]:
+        ws, bs = zip(*(_effective_weight(lin, self.adapter) for lin in linears), strict=True)
+        w = torch.cat(ws, 0)
+        b = torch.cat([bb if bb is not None else torch.zeros(ww.size(0), dtype=ww.dtype, device=ww.device)
+                       for ww, bb in zip(ws, bs, strict=True)])
+        return w, b
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rewrite the fused matrices from the model's current weights (in place)."""
+        hf = _base_model(self.model)
+        for i, layer in enumerate(hf.model.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            t = self.tensors[7 * i : 7 * i + 7]
+            w, b = self._cat([att.q_proj, att.k_proj, att.v_proj])
+            t[1].copy_(w)
+            t[2].copy_(b)
+            t[3].copy_(_effective_weight(att.o_proj, self.adapter)[0])
+            t[5].copy_(self._cat([mlp.gate_proj, mlp.up_proj])[0])
+            t[6].copy_(_effective_weight(mlp.down_proj, self.adapter)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The model maths (pure functions of tensors: compiled and graphed on a GPU, eager on a CPU).
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen2RMSNorm, rounding where transformers rounds."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rope_tables(inv_freq, scale, positions, dtype):
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def _rotate(x, cos, sin):
+    half = x.size(-1) // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def make_layer_step(arch: Arch, attention: str = "matmul"):
+    """One transformer layer for one new token per row (the function that is compiled on a GPU).
+
+    ``x``: (B, H) hidden states; ``cos``/``sin``: (B, 1, d); ``blocked``: (B, 1, 1, S) cache columns a
+    row may not see; ``k_cache``/``v_cache``: (B, kv, S, d) read-only views. Returns the new ``x`` and
+    the token's K/V (B, kv, d), which the caller writes into the cache (no mutation inside, so the
+    compiled code never copies the cache).
+    """
+    heads, kv_heads, d, eps = arch.heads, arch.kv_heads, arch.head_dim, arch.eps
+    g, scale = heads // kv_heads, 1.0 / math.sqrt(arch.head_dim)
+
+    def layer_step(x, cos, sin, blocked, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        n_rows = x.size(0)
+        qkv = F.linear(_rms_norm(x, in_norm, eps), qkv_w, qkv_b)
+        q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        q = _rotate(q.view(n_rows, heads, d), cos, sin).view(n_rows, kv_heads, g, d)
+        k = _rotate(k.view(n_rows, kv_heads, d), cos, sin)
+        v = v.view(n_rows, kv_heads, d)
+        past = torch.matmul(q, k_cache.transpose(-1, -2)).float() * scale  # (B, kv, g, S)
+        past = past.masked_fill(blocked, float("-inf"))
+        own = (q.float() * k.float()[:, :, None, :]).sum(-1, keepdim=True) * scale  # (B, kv, g, 1)
+        p = torch.softmax(torch.cat([past, own], dim=-1), dim=-1).to(x.dtype)
+        if attention == "vt":  # the same product transposed: cuBLAS picks another kernel for (d, S) @ (S, g)
+            past_v = torch.matmul(v_cache.transpose(-1, -2), p[..., :-1].transpose(-1, -2)).transpose(-1, -2)
+        elif attention == "reduce":  # a fused multiply-and-sum over the cache columns
+            past_v = (p[..., :-1, None].float() * v_cache[:, :, None].float()).sum(-2).to(x.dtype)
+        else:
+            past_v = torch.matmul(p[..., :-1], v_cache)
+        att = past_v + p[..., -1:] * v[:, :, None, :]
+        x = x + F.linear(att.reshape(n_rows, heads * d), o_w)
+        gate, up = F.linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, down_w), k, v
+
+    return layer_step
+
+
+def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, eps: float, tok, pos, col,
+                pad_start, u, k_cache, v_cache, sampling: Sampling):
+    """One decode step for every row: the new token's K/V, the next token and its log-prob.
+
+    ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
+    cache column, a uniform; ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
+    (L, B, kv, S, d) read-only views (columns ``>= col`` are ignored). Returns ``(next, logp, k, v)``
+    with ``k``/``v`` of shape (L, B, kv, d), written into the cache by the caller.
+    """
+    x = F.embedding(tok, w[-2])
+    cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
+    cols = torch.arange(k_cache.size(3), device=tok.device)
+    blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= col))[:, None, None, :]
+    new_k, new_v = [], []
+    for i in range(k_cache.size(0)):
+        x, k, v = layer_step(x, cos[:, None], sin[:, None], blocked, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
+        new_k.append(k)
+        new_v.append(v)
+    logits = F.linear(_rms_norm(x, w[-3], eps), w[-1])
+    nxt, logp = sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, u)
+    return nxt, logp, torch.stack(new_k), torch.stack(new_v)
+
+
+def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_scale: float):
+    """Prompt forward for left-padded ``ids`` (B, W): last-position logits and K/V of shape (L, B, kv, W, d)."""
+    n_rows, width, d = ids.shape[0], ids.shape[1], arch.head_dim
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    x = F.embedding(ids, w[-2])
+    cos, sin = _rope_tables(inv_freq, rope_scale, positions, x.dtype)
+    cos, sin = cos[:, None], sin[:, None]
+    causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
+    # a padding query sees itself, so no row of the softmax is empty (and no NaN reaches the cache)
+    allowed = (causal[None] & mask.bool()[:, None, :]) | torch.eye(width, dtype=torch.bool, device=ids.device)[None]
+    ks, vs = [], []
+    for i in range(arch.layers):
+        in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w = w[7 * i : 7 * i + 7]
+        qkv = F.linear(_rms_norm(x, in_norm, arch.eps), qkv_w, qkv_b)
+        q, k, v = qkv.split([arch.heads * d, arch.kv_heads * d, arch.kv_heads * d], dim=-1)
+        q = _rotate(q.view(n_rows, width, arch.heads, d).transpose(1, 2), cos, sin)
+        k = _rotate(k.view(n_rows, width, arch.kv_heads, d).transpose(1, 2), cos, sin)
+        v = v.view(n_rows, width, arch.kv_heads, d).transpose(1, 2)
+        ks.append(k)
+        vs.append(v)
+        g = arch.heads // arch.kv_heads
+        att = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                             attn_mask=allowed[:, None])
+        x = x + F.linear(att.transpose(1, 2).reshape(n_rows, width, arch.heads * d), o_w)
+        gate, up = F.linear(_rms_norm(x, post_norm, arch.eps), gu_w).chunk(2, dim=-1)
+        x = x + F.linear(F.silu(gate) * up, down_w)
+    logits = F.linear(_rms_norm(x[:, -1], w[-3], arch.eps), w[-1])
+    return logits, torch.stack(ks), torch.stack(vs)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Slots:
+    """Static buffers of one batch size: the KV cache and the decode state a graph reads and writes."""
+
+    def __init__(self, arch: Arch, rows: int, columns: int, steps: int, dtype, device):
+        shape = (arch.layers, rows, arch.kv_heads, columns, arch.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # zeros: masked columns must be finite
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.columns, self.steps = columns, steps
+        z = dict(dtype=torch.long, device=device)
+        self.tok, self.pos, self.pad_start = (torch.zeros(rows, **z) for _ in range(3))
+        self.col, self.step = torch.zeros(1, **z), torch.zeros(1, **z)
+        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.u = torch.zeros(steps, rows, device=device)
+        self.out_tok = torch.zeros(rows, steps, **z)
+        self.out_logp = torch.zeros(rows, steps, device=device)
+
+
+class FastGenerator(PlainGenerator):
+    """Rollout engine over fused merged weights and a static KV cache (CUDA graphs on a GPU).
+
+    Same interface as ``PlainGenerator``; also returns per-token log-probs in ``last_logprobs``.
+    A trainer calls ``sync_weights()`` after each optimizer step; an eval builds it once.
+    """
+
+    def __init__(self, model, tokenizer, graphs: bool | None = None, compile: bool | None = None,
+                 attention: str = "matmul"):
+        super().__init__(model, tokenizer)
+        device = next(model.parameters()).device
+        self.device = device
+        self.graphs = device.type == "cuda" if graphs is None else graphs
+        compile = self.graphs if compile is None else compile
+        self.is_peft = hasattr(model, "disable_adapter")
+        self.weights = {False: FusedWeights(model, adapter=False)}
+        if self.is_peft:
+            self.weights[True] = FusedWeights(model, adapter=True)
+        self.arch = self.weights[False].arch
+        self.dtype = self.weights[False].tensors[1].dtype
+        self._slots: dict[int, _Slots] = {}
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        # Only the layer is compiled: one small graph serves all 28 layers (compiles in seconds, not
+        # minutes), shapes become symbolic after the second batch/column size; the head samples eagerly.
+        layer = make_layer_step(self.arch, attention)
+        self._layer = torch.compile(layer, fullgraph=True) if compile else layer
+        self.eos = torch.tensor(self.eos_ids, device=device)
+        self.captures = 0
+        # wall-clock split of the work done so far (synchronised at batch edges only)
+        self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "row_steps": 0, "capture_s": 0.0}
+        if compile:
+            from torch import _dynamo
+
+            # one compile per new batch/column shape until dynamo makes them symbolic; sampling settings add a few
+            name = "recompile_limit" if hasattr(_dynamo.config, "recompile_limit") else "cache_size_limit"
+            setattr(_dynamo.config, name, max(getattr(_dynamo.config, name), 64))
+
+    def sync_weights(self) -> None:
+        """Fold the adapter's current weights into the inference copy (after each optimizer step)."""
+        if self.is_peft:
+            self.weights[True].refresh()
+
+    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+        if not self.is_peft and any(adapter_on):
+            raise ValueError("adapter requested but the model has no adapter")
+        outs: list = [None] * len(prompts)
+        logps: list = [None] * len(prompts)
+        with torch.no_grad():
+            for on in (True, False):  # one batch per weight set: base-seat rows run on the base copy
+                rows = [i for i, a in enumerate(adapter_on) if a == on]
+                if rows:
+                    toks, lps = self._run([prompts[i] for i in rows], self.weights[on], sampling)
+                    for i, t, lp in zip(rows, toks, lps, strict=True):
+                        outs[i], logps[i] = t, lp
+        self.last_logprobs = logps
+        return outs
+
+    # -- one batch on one weight set ------------------------------------------------------------
+
+    def _run(self, prompts, weights: FusedWeights, sampling: Sampling):
+        n, steps = len(prompts), sampling.max_new_tokens
+        rows = batch_bucket(n) if self.graphs else n
+        width = max(len(p) for p in prompts)
+        columns = -(-(width + steps) // COLUMN_BUCKET) * COLUMN_BUCKET
+        slots = self._slots_for(rows, columns, steps)
+        t0 = time.perf_counter()
+        graph = self._graph_for(slots, rows, columns, weights, sampling) if self.graphs else None
+        self.timing["capture_s"] += time.perf_counter() - t0
+
+        padded = prompts + [[self.pad_id]] * (rows - n)  # bucket rows: finished from the start
+        ids, mask = self.left_pad(padded)
+        lengths = mask.sum(-1)
+        slots.pad_start.copy_(width - lengths)
+        slots.pos.copy_(lengths)
+        slots.col.fill_(width)
+        slots.step.zero_()
+        slots.done.copy_(torch.arange(rows, device=self.device) >= n)
+        slots.out_tok.fill_(self.pad_id)
+        slots.out_logp.zero_()
+        slots.u[:steps].uniform_()  # the global (seeded) RNG: reproducible rollouts
+
+        t0 = time.perf_counter()
+        logits = self._prefill(weights, ids, mask, slots)
+        tok, logp = sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, slots.u[0])
+        self._record(slots, tok, logp)
+        self._sync()
+        t1 = time.perf_counter()
+        t = 1
+        while t < steps:
+            if graph is not None:
+                graph.replay()
+            else:
+                self._step(slots, columns, weights, sampling)
+            t += 1
+            if t % 16 == 0 and bool(slots.done.all()):
+                break
+        self._sync()
+        t2 = time.perf_counter()
+        self.timing["prefill_s"] += t1 - t0
+        self.timing["decode_s"] += t2 - t1
+        self.timing["decode_steps"] += t - 1
+        self.timing["row_steps"] += (t - 1) * n
+        trimmed = self._trim(slots.out_tok[:n].cpu())
+        lps = slots.out_logp[:n].tolist()
+        return trimmed, [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _record(self, slots: _Slots, tok, logp) -> None:
+        """Store the token sampled at ``slots.step``; advance the state to the next step."""
+        tok = torch.where(slots.done, torch.full_like(tok, self.pad_id), tok)
+        slots.out_tok.index_copy_(1, slots.step, tok[:, None])
+        slots.out_logp.index_copy_(1, slots.step, logp[:, None].float())
+        slots.done |= torch.isin(tok, self.eos)
+        slots.tok.copy_(tok)
+        slots.step += 1
+
+    def _step(self, slots: _Slots, columns: int, weights: FusedWeights, sampling: Sampling) -> None:
+        """One decode step, all on the device (captured as one CUDA graph on a GPU)."""
+        u = slots.u.index_select(0, slots.step.clamp(max=slots.steps - 1))[0]
+        nxt, logp, k, v = decode_math(
+            self._layer, weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
+            slots.col, slots.pad_start, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
+        slots.k.index_copy_(3, slots.col, k[:, :, :, None])
+        slots.v.index_copy_(3, slots.col, v[:, :, :, None])
+        slots.pos += 1
+        slots.col += 1
+        self._record(slots, nxt, logp)
+
+    def _prefill(self, weights: FusedWeights, ids, mask, slots: _Slots) -> torch.Tensor:
+        width = ids.size(1)
+        chunk = max(1, PREFILL_TOKENS // width)
+        logits = []
+        for s in range(0, ids.size(0), chunk):
+            lg, k, v = prefill_math(weights.tensors, weights.inv_freq, ids[s : s + chunk], mask[s : s + chunk],
+                                    self.arch, weights.rope_scale)
+            slots.k[:, s : s + chunk, :, :width] = k
+            slots.v[:, s : s + chunk, :, :width] = v
+            logits.append(lg)
+        return torch.cat(logits)
+
+    # -- buffers and graphs -----------------------------------------------------------------------
+
+    def _slots_for(self, rows: int, columns: int, steps: int) -> _Slots:
+        slots = self._slots.get(rows)
+        if slots is None or slots.columns < columns or slots.steps < steps:
+            if slots is not None:  # grown: graphs over the old buffers are stale
+                self._graphs = {k: g for k, g in self._graphs.items() if k[0] != rows}
+                del self._slots[rows]
+                slots = None
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            slots = _Slots(self.arch, rows, max(columns, 4 * COLUMN_BUCKET), steps, self.dtype, self.device)
+            self._slots[rows] = slots
+        return slots
+
+    def _graph_for(self, slots: _Slots, rows: int, columns: int, weights: FusedWeights, sampling: Sampling):
+        key = (rows, columns, weights.adapter, sampling.temperature, sampling.top_k, sampling.top_p)
+        graph = self._graphs.get(key)
+        if graph is not None:
+            return graph
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        # warm up (compiles on the first shapes) on a side stream, then capture one whole step
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        slots.col.fill_(0)
+        slots.step.zero_()
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step(slots, columns, weights, sampling)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._step(slots, columns, weights, sampling)
+        self._graphs[key] = graph
+        self.captures += 1
+        return graph

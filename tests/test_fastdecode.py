@@ -1,0 +1,173 @@
+"""The fast engine (merged weights, static KV cache) against ``model.generate``, on the CPU.
+
+On a GPU the same maths is compiled and captured in CUDA graphs; ``bench/speed.py`` repeats the
+greedy-equality check there (fp32) and reports it. Here it runs eagerly, in float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from talkmethods.fastdecode import COLUMN_BUCKET, FastGenerator, batch_bucket
+from talkmethods.models import ModelSpec, load_model
+from talkmethods.rollout import PlainGenerator, Sampling
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+GREEDY = Sampling(max_new_tokens=10, top_k=1)
+
+
+def _lora(model, targets=("q_proj", "v_proj", "down_proj"), seed=0):
+    """``model`` with a LoRA adapter whose B matrices are non-zero, so the adapter changes outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(targets)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def peft_model():
+    return _lora(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32))
+
+
+def _prompts(tok, n=6):
+    return [list(tok.apply_chat_template([{"role": "user", "content": f"item {i} " * (i + 1)}],
+                                        add_generation_prompt=True, tokenize=True, return_dict=False))
+            for i in range(n)]
+
+
+def _logprobs_by_forward(model, prompt, completion, adapter_on):
+    return _logprobs_at_temperature(model, prompt, completion, adapter_on, 1.0)
+
+
+@pytest.mark.parametrize("adapter_on", [[False] * 6, [True] * 6, [True, False] * 3])
+def test_fast_matches_generate_token_for_token_when_greedy(peft_model, qwen_tokenizer, adapter_on):
+    prompts = _prompts(qwen_tokenizer)  # different lengths: left padding is exercised
+    plain = PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, adapter_on, GREEDY)
+    fast = FastGenerator(peft_model, qwen_tokenizer)
+    assert fast.generate(prompts, adapter_on, GREEDY) == plain
+    if adapter_on == [True, False] * 3:  # the adapter really changes what is said, and only in its rows
+        base = fast.generate(prompts, [False] * 6, GREEDY)
+        assert [plain[i] == base[i] for i in range(0, 6, 2)] != [True] * 3
+        assert all(plain[i] == base[i] for i in range(1, 6, 2))
+
+
+@pytest.mark.parametrize("attention", ["matmul", "vt", "reduce"])
+def test_every_attention_form_gives_the_same_tokens(peft_model, qwen_tokenizer, attention):
+    prompts = _prompts(qwen_tokenizer)
+    want = PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, [True] * 6, GREEDY)
+    assert FastGenerator(peft_model, qwen_tokenizer, attention=attention).generate(prompts, [True] * 6, GREEDY) == want
+
+
+def test_fast_runs_a_model_without_adapter(qwen_tokenizer):
+    model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32).eval()
+    prompts = _prompts(qwen_tokenizer, 3)
+    fast = FastGenerator(model, qwen_tokenizer)
+    assert fast.generate(prompts, [False] * 3, GREEDY) == PlainGenerator(model, qwen_tokenizer).generate(
+        prompts, [False] * 3, GREEDY)
+    with pytest.raises(ValueError, match="no adapter"):
+        fast.generate(prompts, [True] * 3, GREEDY)
+
+
+def test_logprobs_are_those_of_a_plain_forward(peft_model, qwen_tokenizer):
+    prompts = _prompts(qwen_tokenizer)
+    on = [True, False] * 3
+    torch.manual_seed(0)
+    fast = FastGenerator(peft_model, qwen_tokenizer)
+    out = fast.generate(prompts, on, Sampling(max_new_tokens=12, temperature=0.9))
+    assert len(fast.last_logprobs) == 6
+    for p, c, lp, a in zip(prompts, out, fast.last_logprobs, on, strict=True):
+        assert len(lp) == len(c) > 0
+        # TRL's log-probs divide the logits by the temperature: so does the engine's
+        ref = _logprobs_at_temperature(peft_model, p, c, a, 0.9)
+        assert torch.allclose(torch.tensor(lp), ref, atol=1e-4), (lp, ref)
+
+
+def _logprobs_at_temperature(model, prompt, completion, adapter_on, temperature):
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        if adapter_on:
+            logits = model(ids).logits
+        else:
+            with model.disable_adapter():
+                logits = model(ids).logits
+    lp = (logits[0, len(prompt) - 1 : -1].float() / temperature).log_softmax(-1)
+    return lp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_sync_weights_folds_in_the_new_adapter_and_staleness_shows(qwen_tokenizer):
+    """After an optimizer step the merged copy is stale until ``sync_weights``: the log-prob check sees it."""
+    model = _lora(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32), targets=("q_proj", "k_proj", "v_proj",
+                  "o_proj", "gate_proj", "up_proj", "down_proj"))
+    prompts = _prompts(qwen_tokenizer, 4)
+    fast = FastGenerator(model, qwen_tokenizer)
+    fast.generate(prompts, [True] * 4, GREEDY)
+    with torch.no_grad():  # "an optimizer step": move every LoRA matrix
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(0.3 * torch.randn_like(p))
+
+    def worst_diff():
+        out = fast.generate(prompts, [True] * 4, GREEDY)
+        return max((torch.tensor(lp) - _logprobs_by_forward(model, p, c, True)).abs().max().item()
+                   for p, c, lp in zip(prompts, out, fast.last_logprobs, strict=True))
+
+    stale = worst_diff()
+    fast.sync_weights()
+    fresh = worst_diff()
+    assert fresh < 1e-4 < 0.05 < stale
+    assert fast.generate(prompts, [True] * 4, GREEDY) == PlainGenerator(model, qwen_tokenizer).generate(
+        prompts, [True] * 4, GREEDY)
+
+
+def test_cache_grows_for_longer_prompts_and_turns(peft_model, qwen_tokenizer):
+    fast = FastGenerator(peft_model, qwen_tokenizer)
+    short = _prompts(qwen_tokenizer, 2)
+    fast.generate(short, [True] * 2, GREEDY)
+    columns = fast._slots[2].columns
+    long = [(p[:-5] * 100)[: columns - k] + p[-5:] for k, p in enumerate(short)]  # wider than the cache
+    assert max(len(p) for p in long) + GREEDY.max_new_tokens > columns
+    want = PlainGenerator(peft_model, qwen_tokenizer).generate(long, [True] * 2, GREEDY)
+    assert fast.generate(long, [True] * 2, GREEDY) == want
+    assert fast._slots[2].columns >= max(len(p) for p in long) + GREEDY.max_new_tokens
+    assert fast._slots[2].columns % COLUMN_BUCKET == 0
+
+
+def test_rows_stop_at_their_own_end_of_turn(peft_model, qwen_tokenizer):
+    """A row ends at its first end-of-turn token (kept); the loop stops once every row has ended."""
+    fast = FastGenerator(peft_model, qwen_tokenizer)
+    prompts = _prompts(qwen_tokenizer, 4)
+    full = fast.generate(prompts, [True] * 4, Sampling(max_new_tokens=20, top_k=1))
+    assert all(len(row) == 20 for row in full)  # the tiny random model never ends a turn by itself
+    # declare the 3rd token of row 0 an end-of-turn token: row 0 stops there, the others where it appears
+    stop = full[0][2]
+    fast.eos_ids = fast.eos_ids + [stop]
+    fast.eos = torch.tensor(fast.eos_ids)
+    cut = fast.generate(prompts, [True] * 4, Sampling(max_new_tokens=20, top_k=1))
+    for want, got in zip(full, cut, strict=True):
+        end = want.index(stop) + 1 if stop in want else len(want)
+        assert got == want[:end]
+    assert len(cut[0]) == full[0].index(stop) + 1 <= 3
+    steps_before = fast.timing["decode_steps"]
+    fast.eos_ids = fast.eos_ids + [t for row in full for t in row[:1]]  # every row ends at its first token
+    fast.eos = torch.tensor(fast.eos_ids)
+    assert fast.generate(prompts, [True] * 4, Sampling(max_new_tokens=200, top_k=1)) == [row[:1] for row in full]
+    assert fast.timing["decode_steps"] - steps_before <= 16  # stopped at the first check, not after 200 steps
+
+
+def test_batch_bucket():
+    assert [batch_bucket(n) for n in (1, 8, 9, 32, 33, 512, 513, 600)] == [8, 8, 16, 32, 64, 512, 640, 640]
+
+
+def test_non_qwen2_models_are_refused_with_a_hint(qwen_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ValueError, match="engine to loop"):
+        FastGenerator(model, qwen_tokenizer)
