@@ -55,6 +55,10 @@ def _score_only_valid_positions_on_cpu() -> None:
 
 _score_only_valid_positions_on_cpu()
 
+# Max |rollout − trainer| per-token log-prob before a warning. The two paths round differently in
+# bf16 (merged vs unmerged LoRA, fused vs split matmuls); in float32 they agree to ~1e-6.
+LOGP_TOLERANCE = 0.5
+
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -78,7 +82,7 @@ class TrainConfig:
     save_every: int = 10
     precision: str = "auto"
     gradient_checkpointing: bool = False
-    engine: str = "loop"
+    engine: str = "fast"
     micro_batches: int = 1
 
 
@@ -115,6 +119,12 @@ def pad_rows(rows: list[tuple[Turn, float]], pad_id: int, device) -> dict[str, t
     advantages = torch.tensor([a for _, a in rows], dtype=torch.float32)  # (B,)
     out = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                completion_mask=completion_mask, advantages=advantages)
+    if all(t.logprobs is not None for t, _ in rows if t.completion_ids):
+        rollout_logps = torch.zeros((n, c_len), dtype=torch.float32)
+        for i, (turn, _) in enumerate(rows):
+            if turn.completion_ids:
+                rollout_logps[i, : len(turn.completion_ids)] = torch.tensor(turn.logprobs)
+        out["rollout_logps"] = rollout_logps
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -140,6 +150,10 @@ class TalkTrainer(GRPOTrainer):
         self.judge = judge
         self.generator_factory = generator_factory
         self.last_rows = 0
+        self._generator = None
+        self._rollout_logps = None  # the micro-batch's rollout log-probs, while its loss is computed
+        self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
+        self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
 
     def _get_train_sampler(self, dataset=None):
         """TRL's RepeatSampler, resumable past the first epoch (see ``_replayable``)."""
@@ -151,7 +165,10 @@ class TalkTrainer(GRPOTrainer):
         return [(True, (k % 4) < 4 - per4) for k in range(n)]
 
     def _draw_chats(self, problems: list[dict]) -> tuple[list[list[Chat]], dict]:
-        generator = self.generator_factory(self.accelerator.unwrap_model(self.model), self.processing_class)
+        if self._generator is None:  # one engine per run: its compiled graphs and buffers are reused
+            self._generator = self.generator_factory(self.accelerator.unwrap_model(self.model), self.processing_class)
+        generator = self._generator
+        generator.sync_weights()  # the policy after the last optimizer step
         g = self.num_generations
         by_problem: list[list[Chat]] = [[] for _ in problems]
         totals = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0}
@@ -203,6 +220,124 @@ class TalkTrainer(GRPOTrainer):
         m["timing/gen_s"].append(stats["gen_s"])
         return batch
 
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffering, with the fresh generation batch re-split by length (``group_by_length``)."""
+        spg = self.args.steps_per_generation
+        fresh = self.model.training and (self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None)
+        inputs = super()._prepare_inputs(generation_batch)
+        if fresh and self.group_rows:
+            rows = {k: torch.cat([b[k] for b in self._buffered_inputs]) if k in ROW_KEYS else v
+                    for k, v in self._buffered_inputs[0].items()}
+            self._buffered_inputs = group_by_length(rows, spg)
+            m = self._metrics["train"]
+            m["talk/loss_tokens"].append(float(rows["prompt_mask"].sum() + rows["completion_mask"].sum()))
+            m["talk/loss_tokens_padded"].append(float(sum(b["prompt_ids"].numel() + b["completion_ids"].numel()
+                                                          for b in self._buffered_inputs)))
+            inputs = self._buffered_inputs[self._step % spg]
+        return inputs
+
+    # -- rollout vs trainer log-probs: the rows' log-probs as the engine sampled them, against the loss's own
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        self._rollout_logps = inputs.get("rollout_logps")
+        try:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            self._rollout_logps = None
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        rollout, self._rollout_logps = self._rollout_logps, None
+        if rollout is not None:
+            valid = attention_mask[:, -logits_to_keep:].bool()
+            diff = (out[0].detach().float() - rollout)[valid].abs()
+            if diff.numel():
+                d = self._logp_diff
+                d["max"] = max(d["max"], diff.max().item())
+                d["sum"] += diff.sum().item()
+                d["n"] += diff.numel()
+        return out
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        d = self._logp_diff
+        if d["n"] and "loss" in logs:  # a training step's log: report its max/mean, then start afresh
+            self._metrics["train"]["talk/logp_diff_max"] = [d["max"]]
+            self._metrics["train"]["talk/logp_diff_mean"] = [d["sum"] / d["n"]]
+            if d["max"] > LOGP_TOLERANCE:
+                log.warning("rollout and trainer log-probs differ by up to %.3f nats (tolerance %.2f): the rollout "
+                            "engine may be sampling from other weights than the ones being trained", d["max"], LOGP_TOLERANCE)
+            self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
+        super().log(logs, start_time)
+
+
+ROW_KEYS = {"prompt_ids": "prompt", "prompt_mask": "prompt", "completion_ids": "completion",
+            "completion_mask": "completion", "rollout_logps": "completion", "advantages": None}
+
+
+def group_by_length(batch: dict[str, torch.Tensor], chunks: int) -> list[dict[str, torch.Tensor]]:
+    """Split a generation batch into ``chunks`` micro-batches of rows of similar length, each trimmed.
+
+    TRL splits the shuffled batch into equal row counts, each padded to the longest row of the
+    whole batch; chat turns range from ~450 to ~1,200 tokens, so a third of those tokens are padding.
+    Here rows are sorted by length, cut into contiguous groups that balance rows × longest row (the
+    memory and time of a micro-batch), and each group drops the columns that are padding in all of
+    its rows. The loss is a token sum over the whole batch (normalised by ``num_items_in_batch``),
+    so which rows share a micro-batch does not change it.
+    """
+    unknown = [k for k, v in batch.items() if k not in ROW_KEYS and isinstance(v, torch.Tensor) and v.dim() > 0]
+    if unknown:
+        raise ValueError(f"group_by_length does not know how to split {unknown}")
+    p_len = batch["prompt_mask"].sum(1)
+    c_len = batch["completion_mask"].sum(1)
+    order = torch.argsort(p_len + c_len, stable=True)
+    lengths = (p_len + c_len)[order].tolist()
+    bounds = _balanced_cuts([max(n, 1) for n in lengths], chunks)
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        rows = order[a:b]
+        keep_p = max(int(p_len[rows].max()), 1)
+        keep_c = max(int(c_len[rows].max()), 1)
+        part = {}
+        for key, value in batch.items():
+            kind = ROW_KEYS.get(key)
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                part[key] = value
+            elif kind == "prompt":
+                part[key] = value[rows.to(value.device), value.size(1) - keep_p :]  # left-padded
+            elif kind == "completion":
+                part[key] = value[rows.to(value.device), :keep_c]  # right-padded
+            else:
+                part[key] = value[rows.to(value.device)]
+        out.append(part)
+    return out
+
+
+def _balanced_cuts(lengths: list[int], chunks: int) -> list[int]:
+    """Cut points of ascending ``lengths`` into ``chunks`` non-empty runs minimising max(rows × longest)."""
+    n = len(lengths)
+    if n < chunks:
+        raise ValueError(f"{n} rows cannot fill {chunks} micro-batches")
+
+    def cuts(budget: int) -> list[int] | None:
+        ends, j = [n], n
+        while j > 0:
+            top = lengths[j - 1]  # the longest row of the run that ends at j
+            take = max(1, min(j, budget // top))
+            j -= take
+            ends.append(j)
+        return ends[::-1] if len(ends) - 1 <= chunks else None
+
+    lo, hi = max(lengths), n * max(lengths)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cuts(mid) is not None else (mid + 1, hi)
+    bounds = cuts(lo)
+    while len(bounds) - 1 < chunks:  # split the run with the most rows; never raises the max cost
+        runs = [(bounds[i + 1] - bounds[i], i) for i in range(len(bounds) - 1)]
+        size, i = max(runs)
+        bounds.insert(i + 1, bounds[i] + size // 2)
+    return bounds
+
 
 def _replayable(sampler):
     """Give TRL's RepeatSampler a ``set_epoch`` that replays its shuffle generator to that epoch's start.
@@ -231,6 +366,8 @@ class StepLog(TrainerCallback):
         "talk/zero_adv_share": "zero_adv_share", "talk/tokens_per_turn": "tokens_per_turn",
         "entropy": "entropy", "loss": "loss", "grad_norm": "grad_norm", "talk/rows": "rows",
         "talk/longest_prompt": "longest_prompt", "timing/gen_s": "gen_s",
+        "talk/logp_diff_max": "logp_diff_max", "talk/logp_diff_mean": "logp_diff_mean",
+        "talk/loss_tokens": "loss_tokens", "talk/loss_tokens_padded": "loss_tokens_padded",
     }
 
     def __init__(self, path: Path):

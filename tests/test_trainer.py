@@ -82,15 +82,20 @@ def check_batch_reaches_the_loss(trainer, rec, rows, micro_batches=1):
     assert n == rows
     assert trainer.last_rows == n == rec.last_rows_at_loss[-1], "rows were dropped between rollout and loss"
     total_tokens = sum(int(b["completion_mask"].sum()) for b in batches)
+    lengths = []
     for b in batches:
         m = b["completion_ids"].shape[0]
-        assert m == rows // micro_batches
+        assert m >= 1
+        # grouped by length and trimmed: no column is padding in every row of the micro-batch
+        assert bool(b["prompt_mask"][:, 0].any()) and bool(b["completion_mask"][:, -1].any())
+        lengths.append((b["prompt_mask"].sum(1) + b["completion_mask"].sum(1)).tolist())
         assert b["prompt_ids"].shape[0] == b["prompt_mask"].shape[0] == b["completion_mask"].shape[0] == m
         assert b["advantages"].shape == (m,)
         # dapo: the normaliser is the token count of the WHOLE generation batch, in every micro-batch.
         assert int(b["num_items_in_batch"]) == total_tokens
         per_row = b["completion_mask"].sum(1)
         assert bool((per_row >= 1).all()) and bool((per_row <= trainer.sampling.max_new_tokens).all())
+    assert all(max(a) <= min(b) for a, b in zip(lengths, lengths[1:])), "micro-batches are in length order"
     # The advantages the loss sees are exactly the credit rule's, one per trained turn (TRL shuffles rows).
     seen = sorted(a for b in batches for a in b["advantages"].tolist())
     assert seen == pytest.approx(expected_advantages(rec.credits), abs=1e-6)
@@ -148,6 +153,57 @@ def test_micro_batches_split_the_rows_but_not_the_normaliser(tmp_path):
     check_batch_reaches_the_loss(trainer, rec, rows=128, micro_batches=2)
     assert trainer.args.steps_per_generation == trainer.args.gradient_accumulation_steps == 2
     assert logs[-1]["rows"] == 128.0 and trainer.state.global_step == 1
+
+
+def test_length_grouping_does_not_change_the_update(tmp_path):
+    """The loss is a token sum over the generation batch: grouping rows by length changes no weight."""
+    from transformers.training_args import OptimizerNames
+
+    updates = []
+    for group in (True, False):
+        cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
+                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0)
+        trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(group), judge=parity_judge)
+        trainer.group_rows = group
+        trainer.args.optim = OptimizerNames.SGD  # update = lr x gradient (Adam's first step is sign-like)
+        before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
+        trainer.train()
+        updates.append({k: v.detach() - before[k] for k, v in trainer.model.named_parameters() if "lora_B" in k})
+    assert max(u.abs().max().item() for u in updates[0].values()) > 1e-4, "the step moved the adapter"
+    for k in updates[0]:
+        assert torch.allclose(updates[0][k], updates[1][k], rtol=1e-4, atol=1e-8), k
+
+
+def test_group_by_length_by_hand():
+    from talkmethods.trainer import group_by_length
+
+    # 6 rows: prompt lengths 1..6 (left-padded to 6), completion lengths 6..1 (right-padded to 6) + one long
+    p_len = [1, 2, 5, 6, 2, 1]
+    c_len = [1, 1, 1, 6, 2, 1]
+    n = len(p_len)
+    prompt_mask = torch.tensor([[0] * (6 - k) + [1] * k for k in p_len])
+    completion_mask = torch.tensor([[1] * k + [0] * (6 - k) for k in c_len])
+    batch = {"prompt_ids": prompt_mask * 7, "prompt_mask": prompt_mask, "completion_ids": completion_mask * 9,
+             "completion_mask": completion_mask, "advantages": torch.arange(n, dtype=torch.float32),
+             "rollout_logps": -completion_mask.float(), "num_items_in_batch": completion_mask.sum()}
+    parts = group_by_length(batch, 3)
+    assert len(parts) == 3
+    seen = sorted(a for part in parts for a in part["advantages"].tolist())
+    assert seen == list(range(n)), "every row exactly once"
+    for part in parts:
+        assert part["num_items_in_batch"] == completion_mask.sum()
+        assert part["prompt_ids"].shape == part["prompt_mask"].shape
+        assert part["completion_ids"].shape == part["completion_mask"].shape == part["rollout_logps"].shape
+        assert bool(part["prompt_mask"][:, 0].any()) and bool(part["completion_mask"][:, -1].any())
+        for i, a in enumerate(part["advantages"].long().tolist()):  # each row kept its own tokens
+            assert int(part["prompt_mask"][i].sum()) == p_len[a] and int(part["completion_mask"][i].sum()) == c_len[a]
+    # the longest row (12 tokens) sits alone; padded tokens drop from 6 x 12 = 72
+    assert parts[-1]["advantages"].tolist() == [3.0]
+    assert sum(p["prompt_ids"].numel() + p["completion_ids"].numel() for p in parts) < 72
+    with pytest.raises(ValueError, match="cannot fill"):
+        group_by_length(batch, 7)
+    with pytest.raises(ValueError, match="does not know"):
+        group_by_length({**batch, "old_per_token_logps": completion_mask.float()}, 2)
 
 
 def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):
@@ -304,3 +360,33 @@ def test_controls_do_not_pass_the_margin(scale, tmp_path, record_property):
         assert all(torch.equal(lora0[n], lora1[n]) for n in lora0)
     else:  # flipped: the policy learns to AVOID the rewarded tokens
         assert gain < 0.0
+
+
+def _fast_run(tmp_path, stale: bool):
+    from talkmethods.engine import ENGINES
+    from talkmethods.fastdecode import FastGenerator
+
+    cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=2, problems_per_step=2, micro_batches=2,
+                      sampling=Sampling(max_new_tokens=6), save_every=1000, learning_rate=5e-2)
+    log_path = tmp_path / "steps.jsonl"
+
+    def factory(model, tok):
+        gen = FastGenerator(model, tok)
+        if stale:  # an engine that never refreshes its merged weights
+            gen.sync_weights = lambda: None
+        return gen
+
+    trainer = build_trainer(cfg, tiny_problems(8), tmp_path, judge=parity_judge, callbacks=[StepLog(log_path)],
+                            generator_factory=factory if stale else ENGINES["fast"])
+    trainer.train()
+    return [json.loads(line) for line in log_path.read_text().splitlines()]
+
+
+def test_rollout_and_trainer_logprobs_agree_and_the_check_catches_stale_weights(tmp_path):
+    logs = _fast_run(tmp_path / "fresh", stale=False)
+    assert [row["step"] for row in logs] == [1, 2]
+    for row in logs:  # float32 on a CPU: the two paths agree to rounding
+        assert 0 <= row["logp_diff_max"] < 1e-4 and row["logp_diff_mean"] <= row["logp_diff_max"]
+    stale = _fast_run(tmp_path / "stale", stale=True)
+    assert stale[0]["logp_diff_max"] < 1e-4, "before the first update the copies are equal"
+    assert stale[1]["logp_diff_max"] > 1e-2, "after it, sampling from stale weights shows in the check"

@@ -68,6 +68,43 @@ def test_prepare_inputs_generates_then_splits_by_steps_per_generation():
         f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer shuffles the generation batch")
 
 
+def test_prepare_inputs_buffers_micro_batches_indexed_by_step():
+    """TalkTrainer._prepare_inputs re-splits ``_buffered_inputs`` right after TRL fills it."""
+    s = src(GRPOTrainer._prepare_inputs)
+    assert "self._buffered_inputs = " in s and "self._buffered_inputs[self._step % self.args.steps_per_generation]" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer buffers micro-batches in _buffered_inputs "
+        "indexed by _step % steps_per_generation")
+    assert "self._step % generate_every == 0 or self._buffered_inputs is None" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs changed when it generates")
+    t = src(GRPOTrainer.training_step)
+    assert t.index("super().training_step") < t.index("self._step += 1"), (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.training_step no longer advances _step after the step")
+
+
+def test_loss_scores_through_get_per_token_logps_and_entropies():
+    """The rollout-vs-trainer log-prob check wraps compute_loss and _get_per_token_logps_and_entropies."""
+    params = list(inspect.signature(GRPOTrainer.compute_loss).parameters)
+    assert params == ["self", "model", "inputs", "return_outputs", "num_items_in_batch"], (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.compute_loss signature changed: {params}")
+    params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)[:5]
+    assert params == ["self", "model", "input_ids", "attention_mask", "logits_to_keep"], (
+        f"trl=={TRL_PIN} pinned; _get_per_token_logps_and_entropies signature changed: {params}")
+    s = src(GRPOTrainer._compute_loss)
+    assert re.search(r"per_token_logps, entropies, aux_loss = self\._get_per_token_logps_and_entropies\(\s*model,"
+                     r"\s*input_ids,\s*attention_mask,\s*logits_to_keep,", s), (
+        f"trl=={TRL_PIN} pinned; _compute_loss no longer scores the completion through "
+        "_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...)")
+    assert "logits_to_keep = completion_ids.size(1)" in s
+
+
+def test_log_merges_the_metrics_dict():
+    params = list(inspect.signature(GRPOTrainer.log).parameters)
+    assert params == ["self", "logs", "start_time"], f"trl=={TRL_PIN} pinned; GRPOTrainer.log signature changed: {params}"
+    s = src(GRPOTrainer.log)
+    assert "self._metrics[mode].items()" in s and "logs.update(metrics)" in s, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.log no longer merges self._metrics into the logged dict")
+
+
 @pytest.mark.parametrize("key", sorted(BASE_KEYS))
 def test_compute_loss_reads_the_base_keys(key):
     assert f'inputs["{key}"]' in src(GRPOTrainer._compute_loss), (
