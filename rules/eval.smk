@@ -3,7 +3,14 @@ rule eval_run:
         problems="results/data/heldout.jsonl",
         adapter="results/{arm}/seed{seed}/adapter",
         src=package_src(
-            "evaluate", "rollout", "engine", "dialogue", "grading", "models", "stages"
+            "evaluate",
+            "rollout",
+            "engine",
+            "fastdecode",
+            "dialogue",
+            "grading",
+            "models",
+            "stages",
         ),
     output:
         "results/{arm}/seed{seed}/{kind}.json",
@@ -26,7 +33,14 @@ rule eval_base:
     input:
         problems="results/data/heldout.jsonl",
         src=package_src(
-            "evaluate", "rollout", "engine", "dialogue", "grading", "models", "stages"
+            "evaluate",
+            "rollout",
+            "engine",
+            "fastdecode",
+            "dialogue",
+            "grading",
+            "models",
+            "stages",
         ),
     output:
         "results/base/eval.json",

@@ -5,6 +5,7 @@ rule train:
             "trainer",
             "rollout",
             "engine",
+            "fastdecode",
             "credit",
             "dialogue",
             "grading",

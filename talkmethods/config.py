@@ -146,7 +146,7 @@ def train_params(config: dict, arm: str, seed: int) -> dict:
         "ada_max_replays": t.get("ada_max_replays", 3), "save_every": t.get("save_every", 10),
         "precision": config["model"].get("precision", "auto"),
         "gradient_checkpointing": t.get("gradient_checkpointing", False),
-        "engine": t.get("engine", "loop"),
+        "engine": t.get("engine", "fast"),
         "micro_batches": t.get("micro_batches", 1),
     }
 
@@ -164,7 +164,7 @@ def eval_params(config: dict) -> dict:
                      "top_k": e.get("top_k", 0), "max_prompt_tokens": config["train"].get("max_prompt_tokens", 2048)},
         "chats_per_problem": e["chats_per_problem"], "batch_chats": e.get("batch_chats", 600),
         "sample_dialogues": e.get("sample_dialogues", 4), "eval_seed": config["data"]["data_seed"],
-        "engine": e.get("engine", "loop"),
+        "engine": e.get("engine", "fast"),
     }
 
 

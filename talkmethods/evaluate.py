@@ -108,7 +108,7 @@ def play_eval(model, tokenizer, problems: list[dict], kind: str, sampling: Sampl
 
 def run_eval(kind: str, model_spec: ModelSpec, adapter_dir: str | None, problems: list[dict], sampling: Sampling,
              chats_per_problem: int, batch_chats: int, sample_dialogues: int, seed: int, precision: str = "auto",
-             arm: str | None = None, train_seed: int | None = None, engine: str = "loop") -> dict:
+             arm: str | None = None, train_seed: int | None = None, engine: str = "fast") -> dict:
     """Evaluate one model pairing on the held-out problems; returns the eval JSON object."""
     t0 = time.perf_counter()
     device, dtype = pick_device_and_dtype(precision)

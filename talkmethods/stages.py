@@ -63,7 +63,7 @@ def eval_stage(params: dict, kind: str, problems: str, adapter_dir: str | None, 
     result = run_eval(
         kind, ModelSpec(**params["model"]), adapter_dir, read_jsonl(problems), Sampling(**params["sampling"]),
         params["chats_per_problem"], params["batch_chats"], params["sample_dialogues"], params["eval_seed"],
-        params.get("precision", "auto"), arm=arm, train_seed=seed, engine=params.get("engine", "loop"),
+        params.get("precision", "auto"), arm=arm, train_seed=seed, engine=params.get("engine", "fast"),
     )
     write_json(out, result)
     log.info("%s %s seed %s: team accuracy %.3f", kind, arm, seed, result["metrics"]["team_accuracy"])

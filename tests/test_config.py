@@ -43,7 +43,7 @@ BAD = {
     "missing-model-dir": ("model: {name: ./no/such/dir}", "model.name", ["no such directory", "offline-tiny-qwen2"]),
     "zero-turn-length": ("train: {max_new_tokens: 0}", "train.max_new_tokens", ["expected integer (minimum 1)"]),
     "zero-eval-turn-length": ("eval: {max_new_tokens: 0}", "eval.max_new_tokens", ["expected integer (minimum 1)"]),
-    "unknown-top-level-key": ("trian: {steps: 3}", "'trian'", ["allowed keys: arms, checkpoint_dir, data, eval"]),
+    "unknown-top-level-key": ("trian: {steps: 3}", "'trian'", ["allowed keys: arms, bench, checkpoint_dir, data, eval"]),
     "unknown-train-key": ("train: {stepz: 3}", "'stepz'", ["allowed keys:", "steps"]),
     "local-missing-dir": ("data: {source: local, local_dir: ./no/such/data}", "data.local_dir", ["no such directory", "data.source: local"]),
     "local-unset-dir": ("data: {source: local}", "data.local_dir", ["no such directory"]),
@@ -277,3 +277,11 @@ def test_a_model_dir_that_holds_no_model_is_one_line_naming_model_name(tmp_path)
             assert "\n" not in message and ModelError in user_errors()
             assert message.startswith(f"model.name={str(folder)!r}: the directory holds no loadable {what} (")
             assert message.endswith("or use 'offline-tiny-qwen2'.")
+
+
+def test_engines_in_the_schema_are_the_engines_the_code_has():
+    from talkmethods.engine import ENGINES
+
+    schema = yaml.safe_load((Path(__file__).parents[1] / "talkmethods/schemas/config.schema.yaml").read_text())
+    for section in ("train", "eval"):
+        assert set(schema["properties"][section]["properties"]["engine"]["enum"]) == set(ENGINES)
