@@ -10,6 +10,7 @@ include: "rules/data.smk"
 include: "rules/train.smk"
 include: "rules/eval.smk"
 include: "rules/card.smk"
+include: "rules/bench.smk"
 
 
 rule all:

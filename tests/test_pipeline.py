@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ["Snakefile", "config.yaml", "offline.yaml", "rules", "workflow_scripts", "envs", "report",
+WORKFLOW_FILES = ["Snakefile", "config.yaml", "offline.yaml", "rules", "workflow_scripts", "envs", "report", "bench",
                   "talkmethods"]
 ARMS, SEEDS, KINDS = ["grpo", "ada", "raft", "mixed"], [17, 18, 19], ["eval", "crossplay", "crossplay_bA"]
 

@@ -1,0 +1,434 @@
+"""Speed benchmark: the fast rollout engine against plain ``generate``, real recipe steps, a 600-chat eval.
+
+Builds the Qwen2.5-1.5B architecture with random weights (no download) and, in one process:
+
+1. **guard**: fp32 greedy tokens of the fast engine (compiled, CUDA graphs, merged weights) against
+   ``generate`` on the PEFT model with a non-zero adapter, adapter and base rows in one batch;
+2. **decode**: ms per decode step and tokens/s at batch 32 and 600, fixed turn length, for the fast
+   engine and the baseline (plain eager ``generate`` with the unmerged adapter) on the same prompts;
+3. **arms**: a few real training steps of every arm (TalkTrainer, fast engine): generation and
+   training seconds, rows, chats drawn, peak memory, rollout-vs-trainer log-prob difference;
+4. **eval**: one eval batch of 600 chats (4 turns);
+5. **projection** of the full recipe (arms × seeds × steps, Ada's measured chats, every eval).
+
+Random weights write noise: every turn runs to ``max_new_tokens`` (the fixed turn length), every
+reward is 0, so Reinforce-Ada replays every problem to its limit (its worst case). Prints a table and
+writes ``speed.json``.
+
+    python bench/speed.py --out results/bench            # the full benchmark (a CUDA GPU)
+    python bench/speed.py --model offline-tiny-qwen2 --quick --out /tmp/b   # the same code, tiny, on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from talkmethods.atomic import write_json  # noqa: E402
+from talkmethods.engine import ENGINES  # noqa: E402
+from talkmethods.fastdecode import FastGenerator  # noqa: E402
+from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype  # noqa: E402
+from talkmethods.rollout import PlainGenerator, Sampling  # noqa: E402
+
+log = logging.getLogger("bench")
+ARMS = ("grpo", "ada", "raft", "mixed")
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _peft(model, r: int, seed: int = 0, b_scale: float = 0.0):
+    """Wrap ``model`` in the recipe's LoRA; ``b_scale`` > 0 makes the adapter change outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    from talkmethods.trainer import LORA_TARGETS
+
+    model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
+    if b_scale:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_((torch.randn(p.shape, generator=g) * b_scale).to(p.dtype))
+    return model.eval()
+
+
+def _prompts(tokenizer, n: int, width: int, seed: int = 0) -> list[list[int]]:
+    """``n`` chat prompts of about ``width`` tokens (random words: the cost depends on length only)."""
+    g = torch.Generator().manual_seed(seed)
+    head = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+    body = torch.randint(1000, 100_000, (n, max(width - len(head), 1)), generator=g).tolist()
+    return [list(head[:-5]) + row + list(head[-5:]) for row in body]
+
+
+def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
+    """fp32 greedy tokens: fast engine == generate, adapter and base rows in one batch."""
+    model = _peft(load_model(spec, torch.float32, device), r=args.lora_r, b_scale=0.2)
+    prompts = _prompts(tokenizer, 8, 64, seed=1)
+    adapter_on = [True, False] * 4
+    greedy = Sampling(max_new_tokens=args.guard_tokens, top_k=1)
+    plain = PlainGenerator(model, tokenizer).generate(prompts, adapter_on, greedy)
+    fast = FastGenerator(model, tokenizer)
+    got = fast.generate(prompts, adapter_on, greedy)
+    got_logprobs = fast.last_logprobs
+    base_only = fast.generate(prompts, [False] * 8, greedy)
+    # the log-probs the fast engine reports, against a plain forward of the PEFT model
+    worst = 0.0
+    with torch.no_grad():
+        for i in range(len(prompts)):
+            ids = torch.tensor([prompts[i] + got[i]], device=device)
+            ctx = model.disable_adapter() if not adapter_on[i] else _null()
+            with ctx:
+                lp = model(ids).logits[0, len(prompts[i]) - 1 : -1].float().log_softmax(-1)
+            ref = lp.gather(-1, torch.tensor(got[i], device=device)[:, None])[:, 0].cpu()
+            worst = max(worst, (ref - torch.tensor(got_logprobs[i])).abs().max().item())
+    out = {"rows": len(prompts), "tokens_per_row": args.guard_tokens, "identical": got == plain,
+           "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
+           "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
+           "logp_max_abs_diff_fp32": worst, "graphs": fast.graphs}
+    del model, fast
+    _free()
+    return out
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _free():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def decode(spec: ModelSpec, tokenizer, device, dtype, args) -> list[dict]:
+    """ms per decode step, fast engine vs plain generate (unmerged adapter), same prompts and length."""
+    model = _peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
+    rows = []
+    steps = args.turn_tokens
+    sampling = Sampling(max_new_tokens=steps)
+    for batch in args.batches:
+        prompts = _prompts(tokenizer, batch, args.prompt_tokens, seed=batch)
+        on = [True] * batch
+        for attention in args.attention:
+            fast = FastGenerator(model, tokenizer, attention=attention)
+            t0 = time.perf_counter()
+            fast.generate(prompts, on, sampling)  # compile + capture + one full turn
+            first_s = time.perf_counter() - t0
+            fast.timing = {k: 0 * v for k, v in fast.timing.items()}
+            torch.manual_seed(0)
+            _sync()
+            t0 = time.perf_counter()
+            fast.generate(prompts, on, sampling)
+            _sync()
+            wall = time.perf_counter() - t0
+            tm = fast.timing
+            ms = 1000 * tm["decode_s"] / max(tm["decode_steps"], 1)
+            rows.append({"engine": "fast" if attention == "matmul" else f"fast ({attention} attention)", "batch": batch,
+                         "prompt_tokens": args.prompt_tokens, "new_tokens": steps,
+                         "decode_steps": tm["decode_steps"], "ms_per_step": round(ms, 3),
+                         "tokens_per_s": round(batch * 1000 / ms), "prefill_s": round(tm["prefill_s"], 3),
+                         "turn_s": round(wall, 3), "first_turn_s": round(first_s, 1)})
+            log.info("%s", rows[-1])
+            del fast
+            _free()
+        if args.baseline:
+            plain = PlainGenerator(model, tokenizer)
+            one = Sampling(max_new_tokens=1)
+            plain.generate(prompts[:2], on[:2], one)  # warm-up
+            _sync()
+            t0 = time.perf_counter()
+            plain.generate(prompts, on, one)
+            _sync()
+            t_prefill = time.perf_counter() - t0
+            n_base = args.baseline_tokens
+            t0 = time.perf_counter()
+            outs = plain.generate(prompts, on, Sampling(max_new_tokens=n_base))
+            _sync()
+            wall = time.perf_counter() - t0
+            made = max(len(o) for o in outs)
+            ms = 1000 * (wall - t_prefill) / max(made - 1, 1)
+            rows.append({"engine": "plain generate (eager, unmerged LoRA)", "batch": batch,
+                         "prompt_tokens": args.prompt_tokens, "new_tokens": made, "decode_steps": made - 1,
+                         "ms_per_step": round(ms, 3), "tokens_per_s": round(batch * 1000 / ms),
+                         "prefill_s": round(t_prefill, 3), "turn_s": round(wall, 3), "first_turn_s": None})
+            log.info("%s", rows[-1])
+            _free()
+    del model
+    _free()
+    return rows
+
+
+
+
+def _is_kernel(e) -> bool:
+    """A GPU kernel row of ``key_averages`` (operator rows also carry their kernels' time: skip them)."""
+    return getattr(e, "device_time_total", 0) > 0 and str(getattr(e, "device_type", "")).endswith("CUDA")
+
+
+def profile_decode(spec: ModelSpec, tokenizer, device, dtype, args) -> dict:
+    """Where a decode step's GPU time goes: the compiled step run without graphs under torch.profiler.
+
+    Without graphs the host launches every kernel, so wall time means nothing here; the sum of kernel
+    times per step is the GPU-busy time that a graph replay cannot go below.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
+    fast = FastGenerator(model, tokenizer, graphs=False, compile=device.type == "cuda")
+    batch = args.batches[0]
+    prompts = _prompts(tokenizer, batch, args.prompt_tokens, seed=batch)
+    sampling = Sampling(max_new_tokens=24)
+    fast.generate(prompts, [True] * batch, sampling)  # compile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+    def kernels(max_new_tokens: int) -> dict[str, tuple[float, int]]:
+        with profile(activities=acts) as prof:
+            fast.generate(prompts, [True] * batch, Sampling(max_new_tokens=max_new_tokens))
+        return {e.key: (e.device_time_total, e.count) for e in prof.key_averages() if _is_kernel(e)}
+
+    # a turn of N tokens minus a prefill-only turn (one token): the kernels of N - 1 decode steps
+    steps = sampling.max_new_tokens - 1
+    full, pre = kernels(sampling.max_new_tokens), kernels(1)
+    decode = {k: (t - pre.get(k, (0.0, 0))[0], n - pre.get(k, (0.0, 0))[1]) for k, (t, n) in full.items()}
+    decode = {k: v for k, v in decode.items() if v[1] > 0}
+    top = sorted(decode.items(), key=lambda kv: -kv[1][0])[:15]
+    out = {"batch": batch, "prompt_tokens": args.prompt_tokens, "steps": steps,
+           "gpu_ms_per_step": round(sum(t for t, _ in decode.values()) / steps / 1000, 3),
+           "kernels_per_step": round(sum(n for _, n in decode.values()) / steps),
+           "top": [{"kernel": k[:90], "us_per_step": round(t / steps, 1), "calls": n} for k, (t, n) in top]}
+    del model, fast
+    _free()
+    return out
+
+
+def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
+    """A few real recipe steps of every arm on the fast engine."""
+    from talkmethods.trainer import StepLog, TrainConfig, build_trainer
+
+    rows = []
+    for arm in args.arms:
+        cfg = TrainConfig(arm=arm, seed=17, model=spec, steps=args.steps, sampling=Sampling(max_new_tokens=args.turn_tokens),
+                          save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
+                          lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step)
+        log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
+        log_path.unlink(missing_ok=True)
+        trainer = build_trainer(cfg, problems, out / f"work_{arm}", callbacks=[StepLog(log_path)],
+                                generator_factory=ENGINES["fast"])
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+        gen = trainer._generator
+        for s in (json.loads(x) for x in log_path.read_text().splitlines()):
+            rows.append({"arm": arm, "step": s["step"], "chats": s["chats_drawn"], "rows": s["rows"],
+                         "tokens_per_turn": s["tokens_per_turn"], "longest_prompt": s["longest_prompt"],
+                         "loss_tokens": s["loss_tokens"], "loss_tokens_padded": s["loss_tokens_padded"],
+                         "gen_s": round(s["gen_s"], 3), "train_s": round(s["train_s"], 3),
+                         "logp_diff_max": s["logp_diff_max"], "logp_diff_mean": s["logp_diff_mean"],
+                         "peak_gib": round(peak, 1) if peak else None, "run_wall_s": round(wall, 1),
+                         "graph_captures": gen.captures, "capture_s": round(gen.timing["capture_s"], 1),
+                         "decode_ms_per_step": round(1000 * gen.timing["decode_s"] / max(gen.timing["decode_steps"], 1), 3)})
+            log.info("%s", rows[-1])
+        del trainer, gen
+        _free()
+    return rows
+
+
+def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dict:
+    """One eval batch: ``--eval-chats`` chats on the eval sampling settings, trained A × trained B."""
+    from talkmethods.evaluate import play_eval
+
+    model = _peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
+    sampling = Sampling(max_new_tokens=args.turn_tokens, temperature=0.7, top_p=0.8, top_k=20)
+    chats_per_problem = 2
+    need = args.eval_chats // chats_per_problem
+    flat = (problems * (need // len(problems) + 1))[:need]
+    holder = {}
+
+    def factory(m, t):
+        holder["g"] = FastGenerator(m, t)
+        return holder["g"]
+
+    t0 = time.perf_counter()
+    chats = play_eval(model, tokenizer, flat, "eval", sampling, chats_per_problem, args.eval_chats, factory)
+    wall = time.perf_counter() - t0
+    g = holder["g"]
+    tm = g.timing
+    out = {"chats": len(chats), "turns": 4, "turn_tokens": args.turn_tokens, "wall_s": round(wall, 1),
+           "prefill_s": round(tm["prefill_s"], 1), "decode_s": round(tm["decode_s"], 1),
+           "capture_s": round(tm["capture_s"], 1), "rows_padded_to": None,
+           "ms_per_step": round(1000 * tm["decode_s"] / max(tm["decode_steps"], 1), 3),
+           "tokens_per_s": round(tm["row_steps"] / max(tm["decode_s"], 1e-9))}
+    from talkmethods.fastdecode import batch_bucket
+
+    out["rows_padded_to"] = batch_bucket(len(chats))
+    del model, g, holder
+    _free()
+    return out
+
+
+def project(arm_rows: list[dict], ev: dict, args) -> dict:
+    """Full recipe wall-clock: 4 arms × 3 seeds × 80 steps (steady steps, Ada's measured chats), plus evals."""
+    per_arm = {}
+    for arm in args.arms:
+        steps = [r for r in arm_rows if r["arm"] == arm]
+        steady = steps[1:] or steps
+        step_s = sum(r["gen_s"] + r["train_s"] for r in steady) / len(steady)
+        first_extra = max(steps[0]["gen_s"] + steps[0]["train_s"] - step_s, 0.0)
+        per_arm[arm] = {"step_s": round(step_s, 2), "first_step_extra_s": round(first_extra, 1),
+                        "run_s": round(args.recipe_steps * step_s + first_extra, 1)}
+    train_s = args.recipe_seeds * sum(v["run_s"] for v in per_arm.values())
+    n_evals = len(args.arms) * args.recipe_seeds * 3 + 1  # eval, crossplay, crossplay_bA per run + base
+    eval_s = n_evals * ev["wall_s"] * (args.recipe_eval_chats / ev["chats"])
+    return {"per_arm": per_arm, "training_s": round(train_s), "evals": n_evals, "eval_s": round(eval_s),
+            "total_min": round((train_s + eval_s) / 60, 1),
+            "assumes": f"{args.recipe_steps} steps × {args.recipe_seeds} seeds per arm; steady step time from steps "
+                       f"2..{args.steps} of this run, the first step's extra (compile, capture) once per run; "
+                       f"{n_evals} evals of {args.recipe_eval_chats} chats at this run's eval wall-clock; "
+                       "turns at full length (random weights); model loading not counted"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="random:qwen2.5-1.5b")
+    ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the code path, measures nothing useful")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,decode,arms,eval")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false")
+    ap.add_argument("--attention", default="matmul", help="comma-separated attention forms of the decode section")
+    ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
+    args = ap.parse_args(argv)
+    q = args.quick
+    args.arms = list(ARMS)
+    args.batches = [int(b) for b in args.batches.split(",")] if args.batches else ([4, 8] if q else [32, 600])
+    args.attention = args.attention.split(",")
+    args.turn_tokens = 8 if q else 256
+    args.prompt_tokens = 48 if q else 512
+    args.baseline_tokens = 8 if q else 64
+    args.guard_tokens = 8 if q else 48
+    args.steps = 2 if q else 3
+    args.micro_batches = 1 if q else 8
+    args.problems_per_step = 2 if q else 8
+    args.lora_r = 4 if q else 32
+    args.eval_chats = 8 if q else 600
+    args.recipe_steps, args.recipe_seeds, args.recipe_eval_chats = 80, 3, 600
+    skip = set(filter(None, args.skip.split(",")))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    from talkmethods.problems import load_gsm8k
+    from talkmethods.split import draw_problems
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device, dtype = pick_device_and_dtype()
+    spec = ModelSpec(args.model)
+    tokenizer = load_tokenizer(spec)
+    train_pool, test_pool = load_gsm8k("generated", seed=0, n_generated_train=64, n_generated_test=320)
+    problems, held_out, _ = draw_problems(train_pool, test_pool, 32, 300, data_seed=0)
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else f"cpu ({platform.machine()})"
+    from importlib.metadata import version
+
+    res = {"device": name, "model": args.model, "dtype": str(dtype).replace("torch.", ""),
+           "versions": {p: version(p) for p in ("torch", "transformers", "trl", "peft")},
+           "settings": {k: v for k, v in vars(args).items() if k not in ("out",)}}
+
+    def save():
+        write_json(out / "speed.json", res)
+
+    t_start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="talkmethods-bench-"))
+    sections = {
+        "guard": lambda: guard(spec, tokenizer, device, args),
+        "decode": lambda: decode(spec, tokenizer, device, dtype, args),
+        "arms": lambda: arms(spec, device, args, problems, work),
+        "eval": lambda: eval_batch(spec, tokenizer, device, dtype, args, held_out),
+        "profile": lambda: profile_decode(spec, tokenizer, device, dtype, args),
+    }
+    for name, run in sections.items():
+        if name in skip:
+            continue
+        t0 = time.perf_counter()
+        try:
+            res[name] = run()
+        except Exception as err:  # a failed section is reported; the others still run
+            log.exception("section %s failed", name)
+            res.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"[:2000]
+            _free()
+        res.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
+        save()
+    shutil.rmtree(work, ignore_errors=True)
+    if "arms" in res and "eval" in res:
+        res["projection"] = project(res["arms"], res["eval"], args)
+    res["bench_wall_s"] = round(time.perf_counter() - t_start, 1)
+    save()
+    print(table(res))
+    (out / "speed.md").write_text(table(res) + "\n")
+    if "errors" in res:
+        sys.exit(f"bench: sections failed: {', '.join(res['errors'])} (see speed.json)")
+
+
+def table(res: dict) -> str:
+    """The benchmark's results as markdown tables."""
+    lines = [f"device: {res['device']}; model {res['model']} ({res['dtype']}, random weights); "
+             f"torch {res['versions']['torch']}, transformers {res['versions']['transformers']}", ""]
+    if "guard" in res:
+        g = res["guard"]
+        lines += [f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one batch): "
+                  f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows); adapter changes output: "
+                  f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}", ""]
+    if "decode" in res:
+        lines += ["| engine | batch | prompt | new tokens | ms / decode step | tokens/s | prefill s | turn s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['engine']} | {r['batch']} | {r['prompt_tokens']} | {r['new_tokens']} | {r['ms_per_step']:.2f} | "
+                  f"{r['tokens_per_s']:,} | {r['prefill_s']:.2f} | {r['turn_s']:.2f} |" for r in res["decode"]]
+        lines.append("")
+    if "arms" in res:
+        lines += ["| arm | step | chats | rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['arm']} | {r['step']} | {r['chats']:.0f} | {r['rows']:.0f} | {r['tokens_per_turn']:.0f} | "
+                  f"{r['gen_s']:.2f} | {r['train_s']:.2f} | {r['logp_diff_max']} | {r['peak_gib']} | "
+                  f"{r['decode_ms_per_step']} |" for r in res["arms"]]
+        lines.append("")
+    if "profile" in res:
+        pr = res["profile"]
+        lines += [f"decode profile (batch {pr['batch']}, compiled step without graphs): {pr['gpu_ms_per_step']} ms of "
+                  f"GPU time per step in {pr['kernels_per_step']} kernels; top kernels (µs per step):"]
+        lines += [f"- {t['us_per_step']} µs in {t['calls'] / pr['steps']:.0f} calls: {t['kernel']}" for t in pr["top"]]
+        lines.append("")
+    if "eval" in res:
+        e = res["eval"]
+        lines += [f"eval batch: {e['chats']} chats × 4 turns × {e['turn_tokens']} tokens in {e['wall_s']} s "
+                  f"(decode {e['decode_s']} s at {e['ms_per_step']} ms/step, batch padded to {e['rows_padded_to']}; "
+                  f"prefill {e['prefill_s']} s; capture {e['capture_s']} s)", ""]
+    if "projection" in res:
+        p = res["projection"]
+        lines += [f"projected full recipe: {p['total_min']} min (training {p['training_s']} s, {p['evals']} evals "
+                  f"{p['eval_s']} s); per arm: " + ", ".join(f"{a} {v['step_s']} s/step" for a, v in p["per_arm"].items()),
+                  f"({p['assumes']})"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

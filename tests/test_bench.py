@@ -1,0 +1,39 @@
+"""The speed benchmark's code path, end to end on the CPU through ``snakemake bench`` (offline config: quick, tiny).
+
+The figures it prints on a CPU mean nothing; the test checks that every section runs and reports
+what it measured (the guard's greedy equality included), so the GPU run has no untested code.
+"""
+
+from __future__ import annotations
+
+import json
+
+from test_pipeline import job_counts, snakemake
+
+
+def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
+    plan = snakemake(["-n", "bench"], tmp_path)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert job_counts(plan.stdout + plan.stderr) == {"bench": 1}, "the benchmark needs no other stage"
+    res = snakemake(["-j1", "bench"], tmp_path, timeout=900)
+    log = tmp_path / "results/logs/bench.log"
+    assert res.returncode == 0, (res.stderr[-2000:], log.read_text()[-3000:] if log.exists() else "")
+    out = json.loads((tmp_path / "results/bench/speed.json").read_text())
+    assert "errors" not in out
+    assert out["model"] == "offline-tiny-qwen2" and out["device"].startswith("cpu")
+    g = out["guard"]
+    assert g["identical"] and g["rows_identical"] == g["rows"] == 8 and g["adapter_changes_output"]
+    assert g["logp_max_abs_diff_fp32"] < 1e-4
+    engines = {(r["engine"], r["batch"]) for r in out["decode"]}
+    assert engines == {(e, b) for e in ("fast", "plain generate (eager, unmerged LoRA)") for b in (4, 8)}
+    assert all(r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 for r in out["decode"])
+    arms = {r["arm"] for r in out["arms"]}
+    assert arms == {"grpo", "ada", "raft", "mixed"}
+    for r in out["arms"]:
+        assert r["rows"] == (24 if r["arm"] == "mixed" else 32)
+        assert r["logp_diff_max"] < 1e-4 and r["loss_tokens"] <= r["loss_tokens_padded"]
+    assert out["eval"]["chats"] == 8 and out["eval"]["ms_per_step"] > 0
+    p = out["projection"]
+    assert p["total_min"] > 0 and p["evals"] == 37 and set(p["per_arm"]) == arms
+    table = (tmp_path / "results/bench/speed.md").read_text()
+    assert "| engine | batch |" in table and "projected full recipe" in table
