@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from talkmethods.atomic import write_json  # noqa: E402
 from talkmethods.engine import ENGINES  # noqa: E402
-from talkmethods.fastdecode import FastGenerator  # noqa: E402
+from talkmethods.fastdecode import FastGenerator, batch_bucket  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype  # noqa: E402
 from talkmethods.rollout import PlainGenerator, Sampling  # noqa: E402
 
@@ -49,6 +50,15 @@ ARMS = ("grpo", "ada", "raft", "mixed")
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _timed(fn, *args):
+    """``fn(*args)`` and its wall-clock seconds, the GPU drained before and after."""
+    _sync()
+    t0 = time.perf_counter()
+    out = fn(*args)
+    _sync()
+    return out, time.perf_counter() - t0
 
 
 def _peft(model, r: int, seed: int = 0, b_scale: float = 0.0):
@@ -92,8 +102,7 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
     with torch.no_grad():
         for i in range(len(prompts)):
             ids = torch.tensor([prompts[i] + got[i]], device=device)
-            ctx = model.disable_adapter() if not adapter_on[i] else _null()
-            with ctx:
+            with model.disable_adapter() if not adapter_on[i] else nullcontext():
                 lp = model(ids).logits[0, len(prompts[i]) - 1 : -1].float().log_softmax(-1)
             ref = lp.gather(-1, torch.tensor(got[i], device=device)[:, None])[:, 0].cpu()
             worst = max(worst, (ref - torch.tensor(got_logprobs[i])).abs().max().item())
@@ -104,14 +113,6 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
     del model, fast
     _free()
     return out
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def _free():
@@ -131,16 +132,10 @@ def decode(spec: ModelSpec, tokenizer, device, dtype, args) -> list[dict]:
         on = [True] * batch
         for attention in args.attention:
             fast = FastGenerator(model, tokenizer, attention=attention)
-            t0 = time.perf_counter()
-            fast.generate(prompts, on, sampling)  # compile + capture + one full turn
-            first_s = time.perf_counter() - t0
+            _, first_s = _timed(fast.generate, prompts, on, sampling)  # compile + capture + one full turn
             fast.timing = {k: 0 * v for k, v in fast.timing.items()}
             torch.manual_seed(0)
-            _sync()
-            t0 = time.perf_counter()
-            fast.generate(prompts, on, sampling)
-            _sync()
-            wall = time.perf_counter() - t0
+            _, wall = _timed(fast.generate, prompts, on, sampling)
             tm = fast.timing
             ms = 1000 * tm["decode_s"] / max(tm["decode_steps"], 1)
             rows.append({"engine": "fast" if attention == "matmul" else f"fast ({attention} attention)", "batch": batch,
@@ -155,16 +150,8 @@ def decode(spec: ModelSpec, tokenizer, device, dtype, args) -> list[dict]:
             plain = PlainGenerator(model, tokenizer)
             one = Sampling(max_new_tokens=1)
             plain.generate(prompts[:2], on[:2], one)  # warm-up
-            _sync()
-            t0 = time.perf_counter()
-            plain.generate(prompts, on, one)
-            _sync()
-            t_prefill = time.perf_counter() - t0
-            n_base = args.baseline_tokens
-            t0 = time.perf_counter()
-            outs = plain.generate(prompts, on, Sampling(max_new_tokens=n_base))
-            _sync()
-            wall = time.perf_counter() - t0
+            _, t_prefill = _timed(plain.generate, prompts, on, one)
+            outs, wall = _timed(plain.generate, prompts, on, Sampling(max_new_tokens=args.baseline_tokens))
             made = max(len(o) for o in outs)
             ms = 1000 * (wall - t_prefill) / max(made - 1, 1)
             rows.append({"engine": "plain generate (eager, unmerged LoRA)", "batch": batch,
@@ -236,9 +223,7 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
                                 generator_factory=ENGINES["fast"])
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        trainer.train()
-        wall = time.perf_counter() - t0
+        _, wall = _timed(trainer.train)
         peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         gen = trainer._generator
         for s in (json.loads(x) for x in log_path.read_text().splitlines()):
@@ -271,19 +256,14 @@ def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dic
         holder["g"] = FastGenerator(m, t)
         return holder["g"]
 
-    t0 = time.perf_counter()
-    chats = play_eval(model, tokenizer, flat, "eval", sampling, chats_per_problem, args.eval_chats, factory)
-    wall = time.perf_counter() - t0
+    chats, wall = _timed(play_eval, model, tokenizer, flat, "eval", sampling, chats_per_problem, args.eval_chats, factory)
     g = holder["g"]
     tm = g.timing
     out = {"chats": len(chats), "turns": 4, "turn_tokens": args.turn_tokens, "wall_s": round(wall, 1),
            "prefill_s": round(tm["prefill_s"], 1), "decode_s": round(tm["decode_s"], 1),
-           "capture_s": round(tm["capture_s"], 1), "rows_padded_to": None,
+           "capture_s": round(tm["capture_s"], 1), "rows_padded_to": batch_bucket(len(chats)),
            "ms_per_step": round(1000 * tm["decode_s"] / max(tm["decode_steps"], 1), 3),
            "tokens_per_s": round(tm["row_steps"] / max(tm["decode_s"], 1e-9))}
-    from talkmethods.fastdecode import batch_bucket
-
-    out["rows_padded_to"] = batch_bucket(len(chats))
     del model, g, holder
     _free()
     return out

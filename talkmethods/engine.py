@@ -15,12 +15,6 @@ import torch
 from talkmethods.rollout import BASE_ADAPTER, PlainGenerator, Sampling
 
 
-def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Sample one token per row from ``logits`` (B, V) with temperature, top-k and top-p."""
-    u = torch.rand(logits.size(0), device=logits.device, generator=generator)
-    return pick_token(logits.float() / sampling.temperature, sampling.top_k, sampling.top_p, u)
-
-
 def sample_with_logprob(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                         u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A token per row drawn with the uniforms ``u`` (B,), and its log-prob under ``softmax(logits / T)``.

@@ -13,7 +13,7 @@ What makes it fast (DESIGN §4), in the order it matters on a GPU:
   work. Attention reads only the first ``S`` columns of the cache, ``S`` the turn's prompt width plus
   ``max_new_tokens`` rounded up to 256, so short turns do not pay for the longest one.
 * **Sampling on the device** from uniforms drawn once per turn (inverse CDF, top-k before top-p,
-  the same rule as ``engine.sample_next``), and the per-token log-prob of every sampled token under
+  the same rule as ``engine.pick_token``), and the per-token log-prob of every sampled token under
   ``softmax(logits / T)``: the trainer compares it with its own (``train_log.jsonl``:
   ``logp_diff_max``).
 
@@ -150,6 +150,19 @@ def _rope_tables(inv_freq, scale, positions, dtype):
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
+def _qkv(x, in_norm, qkv_w, qkv_b, arch: Arch):
+    """The attention block's normed input projected to q, k and v (one fused matmul)."""
+    d = arch.head_dim
+    qkv = F.linear(_rms_norm(x, in_norm, arch.eps), qkv_w, qkv_b)
+    return qkv.split([arch.heads * d, arch.kv_heads * d, arch.kv_heads * d], dim=-1)
+
+
+def _mlp_residual(x, post_norm, gu_w, down_w, eps: float):
+    """``x`` plus Qwen2's SwiGLU MLP of its norm (gate and up in one fused matmul)."""
+    gate, up = F.linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down_w)
+
+
 def _rotate(x, cos, sin):
     half = x.size(-1) // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
@@ -168,8 +181,7 @@ def make_layer_step(arch: Arch, attention: str = "matmul"):
 
     def layer_step(x, cos, sin, blocked, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
         n_rows = x.size(0)
-        qkv = F.linear(_rms_norm(x, in_norm, eps), qkv_w, qkv_b)
-        q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        q, k, v = _qkv(x, in_norm, qkv_w, qkv_b, arch)
         q = _rotate(q.view(n_rows, heads, d), cos, sin).view(n_rows, kv_heads, g, d)
         k = _rotate(k.view(n_rows, kv_heads, d), cos, sin)
         v = v.view(n_rows, kv_heads, d)
@@ -185,8 +197,7 @@ def make_layer_step(arch: Arch, attention: str = "matmul"):
             past_v = torch.matmul(p[..., :-1], v_cache)
         att = past_v + p[..., -1:] * v[:, :, None, :]
         x = x + F.linear(att.reshape(n_rows, heads * d), o_w)
-        gate, up = F.linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, down_w), k, v
+        return _mlp_residual(x, post_norm, gu_w, down_w, eps), k, v
 
     return layer_step
 
@@ -227,8 +238,7 @@ def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_sc
     ks, vs = [], []
     for i in range(arch.layers):
         in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w = w[7 * i : 7 * i + 7]
-        qkv = F.linear(_rms_norm(x, in_norm, arch.eps), qkv_w, qkv_b)
-        q, k, v = qkv.split([arch.heads * d, arch.kv_heads * d, arch.kv_heads * d], dim=-1)
+        q, k, v = _qkv(x, in_norm, qkv_w, qkv_b, arch)
         q = _rotate(q.view(n_rows, width, arch.heads, d).transpose(1, 2), cos, sin)
         k = _rotate(k.view(n_rows, width, arch.kv_heads, d).transpose(1, 2), cos, sin)
         v = v.view(n_rows, width, arch.kv_heads, d).transpose(1, 2)
@@ -238,8 +248,7 @@ def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_sc
         att = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
                                              attn_mask=allowed[:, None])
         x = x + F.linear(att.transpose(1, 2).reshape(n_rows, width, arch.heads * d), o_w)
-        gate, up = F.linear(_rms_norm(x, post_norm, arch.eps), gu_w).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, down_w)
+        x = _mlp_residual(x, post_norm, gu_w, down_w, arch.eps)
     logits = F.linear(_rms_norm(x[:, -1], w[-3], arch.eps), w[-1])
     return logits, torch.stack(ks), torch.stack(vs)
 

@@ -5,12 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from talkmethods.engine import LoopGenerator, sample_next
+from talkmethods.engine import LoopGenerator, sample_with_logprob
 from talkmethods.models import ModelSpec, load_model
 from talkmethods.rollout import PlainGenerator, Sampling
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GREEDY = Sampling(max_new_tokens=10, top_k=1)
+
+
+def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The engines' sampling rule, one uniform per row drawn from ``generator``."""
+    u = torch.rand(logits.size(0), generator=generator)
+    return sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, u)[0]
 
 
 @pytest.fixture(scope="module")
