@@ -93,7 +93,7 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
     adapter_on = [True, False] * 4
     greedy = Sampling(max_new_tokens=args.guard_tokens, top_k=1)
     plain = PlainGenerator(model, tokenizer).generate(prompts, adapter_on, greedy)
-    fast = FastGenerator(model, tokenizer)
+    fast = FastGenerator(model, tokenizer, attention=args.attention[0])
     got = fast.generate(prompts, adapter_on, greedy)
     got_logprobs = fast.last_logprobs
     base_only = fast.generate(prompts, [False] * 8, greedy)
@@ -109,7 +109,7 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
     out = {"rows": len(prompts), "tokens_per_row": args.guard_tokens, "identical": got == plain,
            "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
            "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
-           "logp_max_abs_diff_fp32": worst, "graphs": fast.graphs}
+           "logp_max_abs_diff_fp32": worst, "graphs": fast.graphs, "attention": args.attention[0]}
     del model, fast
     _free()
     return out
@@ -138,7 +138,7 @@ def decode(spec: ModelSpec, tokenizer, device, dtype, args) -> list[dict]:
             _, wall = _timed(fast.generate, prompts, on, sampling)
             tm = fast.timing
             ms = 1000 * tm["decode_s"] / max(tm["decode_steps"], 1)
-            rows.append({"engine": "fast" if attention == "matmul" else f"fast ({attention} attention)", "batch": batch,
+            rows.append({"engine": "fast" if attention == "auto" else f"fast ({attention} attention)", "batch": batch,
                          "prompt_tokens": args.prompt_tokens, "new_tokens": steps,
                          "decode_steps": tm["decode_steps"], "ms_per_step": round(ms, 3),
                          "tokens_per_s": round(batch * 1000 / ms), "prefill_s": round(tm["prefill_s"], 3),
@@ -181,7 +181,7 @@ def profile_decode(spec: ModelSpec, tokenizer, device, dtype, args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     model = _peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
-    fast = FastGenerator(model, tokenizer, graphs=False, compile=device.type == "cuda")
+    fast = FastGenerator(model, tokenizer, graphs=False, compile=device.type == "cuda", attention=args.attention[0])
     batch = args.batches[0]
     prompts = _prompts(tokenizer, batch, args.prompt_tokens, seed=batch)
     sampling = Sampling(max_new_tokens=24)
@@ -199,13 +199,84 @@ def profile_decode(spec: ModelSpec, tokenizer, device, dtype, args) -> dict:
     decode = {k: (t - pre.get(k, (0.0, 0))[0], n - pre.get(k, (0.0, 0))[1]) for k, (t, n) in full.items()}
     decode = {k: v for k, v in decode.items() if v[1] > 0}
     top = sorted(decode.items(), key=lambda kv: -kv[1][0])[:15]
-    out = {"batch": batch, "prompt_tokens": args.prompt_tokens, "steps": steps,
+    out = {"batch": batch, "prompt_tokens": args.prompt_tokens, "steps": steps, "attention": args.attention[0],
            "gpu_ms_per_step": round(sum(t for t, _ in decode.values()) / steps / 1000, 3),
            "kernels_per_step": round(sum(n for _, n in decode.values()) / steps),
            "top": [{"kernel": k[:90], "us_per_step": round(t / steps, 1), "calls": n} for k, (t, n) in top]}
     del model, fast
     _free()
     return out
+
+
+KERNEL_KINDS = (  # first match wins; names as cuBLAS/cuDNN/inductor/ATen print them
+    ("attention", ("fmha", "flash", "sdpa", "attention", "cutlassF", "cutlassB")),
+    ("matmul", ("nvjet", "gemm", "gemv", "cutlass", "sm90_xmma", "splitk")),
+    ("vocab head (log-prob, entropy)", ("log_softmax", "logsumexp", "cross_entropy", "nll_loss", "softmax")),
+    ("optimizer", ("adam", "foreach")),
+    ("copy / cast / pad", ("copy", "cat", "fill", "index", "scatter", "gather")),
+    ("elementwise / fused", ("elementwise", "triton", "reduce", "vectorized")),
+)
+
+
+def _kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
+    """Where a training step's GPU time goes: one real raft generation batch, its loss and backward.
+
+    The rows come from a real rollout (fast engine); the step is TalkTrainer's own ``compute_loss``
+    over the length-grouped micro-batches plus ``backward``, timed, then run again under
+    torch.profiler and its kernels summed by kind.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from talkmethods.trainer import TrainConfig, build_trainer, group_by_length
+
+    cfg = TrainConfig(arm="raft", seed=17, model=spec, steps=1, sampling=Sampling(max_new_tokens=args.turn_tokens),
+                      save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
+                      lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step)
+    trainer = build_trainer(cfg, problems, out / "work_profile", generator_factory=ENGINES["fast"])
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = args.micro_batches  # what Trainer's loop sets before a step
+    g = trainer.num_generations
+    inputs = [trainer.train_dataset[i] for i in range(args.problems_per_step) for _ in range(g)]
+    batch = trainer._generate_and_score_completions(inputs)
+    n_items = batch.pop("num_items_in_batch")
+    parts = group_by_length(batch, args.micro_batches)
+
+    def step():
+        for mb in parts:
+            trainer.compute_loss(model, {**mb, "num_items_in_batch": n_items}).backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # allocator and autotuning warm-up
+    _, wall = _timed(step)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step()
+        _sync()
+    kern = {e.key: (e.device_time_total, e.count) for e in prof.key_averages() if _is_kernel(e)}
+    kinds: dict[str, float] = {}
+    for k, (t, _) in kern.items():
+        kinds[_kind(k)] = kinds.get(_kind(k), 0.0) + t
+    real = int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
+    padded = sum(mb["prompt_ids"].numel() + mb["completion_ids"].numel() for mb in parts)
+    n_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    top = sorted(kern.items(), key=lambda kv: -kv[1][0])[:20]
+    res = {"arm": "raft", "rows": int((batch["completion_mask"].sum(1) > 0).sum()), "micro_batches": len(parts),
+           "tokens_real": real, "tokens_padded": padded, "completion_tokens": int(n_items),
+           "wall_s": round(wall, 3), "tokens_per_s": round(real / wall),
+           "tflops_4n": round(4 * n_params * real / wall / 1e12, 1),
+           "gpu_ms": round(sum(t for t, _ in kern.values()) / 1000, 1),
+           "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+           "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top]}
+    log.info("%s", res)
+    del trainer, model
+    _free()
+    return res
 
 
 def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
@@ -295,9 +366,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="random:qwen2.5-1.5b")
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the code path, measures nothing useful")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,decode,arms,eval")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,decode,arms,eval,profile,train_profile")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
-    ap.add_argument("--attention", default="matmul", help="comma-separated attention forms of the decode section")
+    ap.add_argument("--attention", default="auto",
+                    help="comma-separated attention forms of the decode section (auto, matmul, vt, reduce, sdpa); the first "
+                         "one also serves the guard and the profile")
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
     args = ap.parse_args(argv)
     q = args.quick
@@ -345,6 +418,7 @@ def main(argv: list[str] | None = None) -> None:
         "arms": lambda: arms(spec, device, args, problems, work),
         "eval": lambda: eval_batch(spec, tokenizer, device, dtype, args, held_out),
         "profile": lambda: profile_decode(spec, tokenizer, device, dtype, args),
+        "train_profile": lambda: profile_train(spec, device, args, problems, work),
     }
     for name, run in sections.items():
         if name in skip:
@@ -393,9 +467,18 @@ def table(res: dict) -> str:
         lines.append("")
     if "profile" in res:
         pr = res["profile"]
-        lines += [f"decode profile (batch {pr['batch']}, compiled step without graphs): {pr['gpu_ms_per_step']} ms of "
+        lines += [f"decode profile (batch {pr['batch']}, {pr.get('attention', 'auto')} attention, compiled step without "
+                  f"graphs): {pr['gpu_ms_per_step']} ms of "
                   f"GPU time per step in {pr['kernels_per_step']} kernels; top kernels (µs per step):"]
         lines += [f"- {t['us_per_step']} µs in {t['calls'] / pr['steps']:.0f} calls: {t['kernel']}" for t in pr["top"]]
+        lines.append("")
+    if "train_profile" in res:
+        t = res["train_profile"]
+        lines += [f"training step profile ({t['arm']}, {t['rows']} rows, {t['micro_batches']} micro-batches, "
+                  f"{t['tokens_real']:,} real / {t['tokens_padded']:,} padded tokens, loss on {t['completion_tokens']:,}): "
+                  f"{t['wall_s']} s wall ({t['tokens_per_s']:,} tok/s, {t['tflops_4n']} TFLOP/s at 4·N a token), "
+                  f"{t['gpu_ms']} ms of kernels: " + ", ".join(f"{k} {v}" for k, v in t["by_kind_ms"].items()) + " ms"]
+        lines += [f"- {k['ms']} ms in {k['calls']} calls: {k['kernel']}" for k in t["top"]]
         lines.append("")
     if "eval" in res:
         e = res["eval"]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 ALL_TURNS = (True, True, True, True)
 A_TURNS_ONLY = (True, False, True, False)  # A1, A2; B1, B2 came from the untrained base
+
+T = TypeVar("T")  # what ``draw`` returns per chat: its reward, or the chat itself
 
 
 @dataclass(frozen=True)
@@ -109,34 +112,52 @@ def is_uniform(rewards: Sequence[float]) -> bool:
 
 
 def draw_with_replays(
-    draw: Callable[[list[int]], list[list[float]]],
+    draw: Callable[[list[int]], list[list[T]]],
     n_problems: int,
     per_round: int = 4,
     max_replays: int = 3,
-) -> list[list[float]]:
+    reward: Callable[[T], float] = lambda r: r,
+    ahead: bool = False,
+) -> list[list[T]]:
     """Reinforce-Ada's sampling: replay every problem whose chats all scored the same.
 
     Round 0 draws ``per_round`` chats for every problem; each later round (at most ``max_replays``)
     draws ``per_round`` more for each problem still uniform, all such problems in ONE ``draw`` call
     so the replays batch together.
 
+    ``ahead=True`` draws every round of every problem up front in ONE ``draw`` call, then walks the
+    rounds by the same rule; the rounds of a problem that the rule never reaches are discarded unseen.
+    The reached chats have the same distribution as when drawn round by round: within a step the
+    policy does not change, so each round of a problem is an independent draw from the same
+    distribution whenever it is played, and whether round k is reached depends only on rounds 0..k-1
+    of that problem, never on round k itself. A GPU decodes one batch of ``1 + max_replays`` times
+    the chats far faster than ``1 + max_replays`` batches one after another; the price is the chats
+    of unreached rounds.
+
     Args:
-        draw: ``draw(problem_indices)`` plays ``per_round`` chats for each listed problem and returns
-            their team rewards, one list per problem, in the same order.
+        draw: ``draw(problem_indices)`` plays ``per_round`` chats for each listed problem (an index may
+            repeat) and returns them (rewards, or items ``reward`` scores), one list per index, in order.
         n_problems: problems in the step.
         per_round: chats per problem per round.
         max_replays: rounds after the first.
+        reward: an item's team reward (the default: the items are the rewards).
+        ahead: draw all ``1 + max_replays`` rounds in one call (see above).
 
     Returns:
-        Per problem, the rewards of every chat drawn, in draw order.
+        Per problem, the items of every round the rule reached, in draw order.
     """
-    drawn: list[list[float]] = [[] for _ in range(n_problems)]
+    rounds = 1 + max_replays
+    if ahead:  # entry r * n_problems + p of the one call is round r of problem p
+        played = draw(list(range(n_problems)) * rounds)
+        assert len(played) == rounds * n_problems, f"draw returned {len(played)} groups, expected {rounds * n_problems}"
+    drawn: list[list[T]] = [[] for _ in range(n_problems)]
     todo = list(range(n_problems))
-    for _ in range(1 + max_replays):
-        for p, rewards in zip(todo, draw(todo), strict=True):
-            assert len(rewards) == per_round, f"draw returned {len(rewards)} chats, expected {per_round}"
-            drawn[p].extend(rewards)
-        todo = [p for p in todo if is_uniform(drawn[p])]
+    for r in range(rounds):
+        groups = [played[r * n_problems + p] for p in todo] if ahead else draw(todo)
+        for p, group in zip(todo, groups, strict=True):
+            assert len(group) == per_round, f"draw returned {len(group)} chats, expected {per_round}"
+            drawn[p].extend(group)
+        todo = [p for p in todo if is_uniform([reward(x) for x in drawn[p]])]
         if not todo:
             break
     return drawn

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 ADAPTER = "default"
 COLUMN_BUCKET = 256  # cache columns attended are rounded up to this (one graph per bucket)
+AUTO_SDPA_ROWS = 256  # attention="auto": the fused kernel up to this batch, the two products above
 PREFILL_TOKENS = 32_768  # prompt tokens per prefill chunk (bounds activation memory)
 
 
@@ -168,23 +169,56 @@ def _rotate(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def make_layer_step(arch: Arch, attention: str = "matmul"):
-    """One transformer layer for one new token per row (the function that is compiled on a GPU).
+ATTENTION_FORMS = ("matmul", "vt", "reduce", "sdpa")
+
+
+def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None):
+    """One transformer layer for one new token per row; ``compile_fn`` (``torch.compile`` on a GPU) wraps its maths.
 
     ``x``: (B, H) hidden states; ``cos``/``sin``: (B, 1, d); ``blocked``: (B, 1, 1, S) cache columns a
-    row may not see; ``k_cache``/``v_cache``: (B, kv, S, d) read-only views. Returns the new ``x`` and
-    the token's K/V (B, kv, d), which the caller writes into the cache (no mutation inside, so the
-    compiled code never copies the cache).
+    row may not see; ``col``: (1,) the token's cache column; ``k_cache``/``v_cache``: (B, kv, S, d)
+    views. Returns the new ``x`` and the token's K/V (B, kv, d), which the caller writes into the cache.
+
+    Forms of the attention over the cache: ``matmul``/``vt``/``reduce`` read the cache without the
+    new token and add its own score beside (no mutation inside the compiled code, which would copy
+    the cache); ``sdpa`` writes the token's K/V first and runs one fused attention kernel over the
+    cache, so the layer is two compiled pieces around the write. With GQA the ``g`` query heads of a
+    KV head act as ``g`` query rows of that head, so no K/V is repeated.
     """
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(f"unknown attention form {attention!r}; one of {ATTENTION_FORMS}")
     heads, kv_heads, d, eps = arch.heads, arch.kv_heads, arch.head_dim, arch.eps
     g, scale = heads // kv_heads, 1.0 / math.sqrt(arch.head_dim)
+    wrap = compile_fn or (lambda f: f)
 
-    def layer_step(x, cos, sin, blocked, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+    def project(x, cos, sin, in_norm, qkv_w, qkv_b):
         n_rows = x.size(0)
         q, k, v = _qkv(x, in_norm, qkv_w, qkv_b, arch)
         q = _rotate(q.view(n_rows, heads, d), cos, sin).view(n_rows, kv_heads, g, d)
-        k = _rotate(k.view(n_rows, kv_heads, d), cos, sin)
-        v = v.view(n_rows, kv_heads, d)
+        return q, _rotate(k.view(n_rows, kv_heads, d), cos, sin), v.view(n_rows, kv_heads, d)
+
+    def finish(x, att, o_w, post_norm, gu_w, down_w):
+        x = x + F.linear(att.reshape(x.size(0), heads * d), o_w)
+        return _mlp_residual(x, post_norm, gu_w, down_w, eps)
+
+    if attention == "sdpa":
+        def attend(x, q, blocked, k_cache, v_cache, o_w, post_norm, gu_w, down_w):
+            att = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=~blocked, scale=scale)
+            return finish(x, att, o_w, post_norm, gu_w, down_w)
+
+        project_c, attend_c = wrap(project), wrap(attend)
+
+        def layer_step(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+            q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
+            k_cache.index_copy_(2, col, k[:, :, None])
+            v_cache.index_copy_(2, col, v[:, :, None])
+            return attend_c(x, q, blocked, k_cache, v_cache, o_w, post_norm, gu_w, down_w), k, v
+
+        layer_step.sees_own_column = True  # ``blocked`` must leave column ``col`` open
+        return layer_step
+
+    def fused(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        q, k, v = project(x, cos, sin, in_norm, qkv_w, qkv_b)
         past = torch.matmul(q, k_cache.transpose(-1, -2)).float() * scale  # (B, kv, g, S)
         past = past.masked_fill(blocked, float("-inf"))
         own = (q.float() * k.float()[:, :, None, :]).sum(-1, keepdim=True) * scale  # (B, kv, g, 1)
@@ -196,9 +230,9 @@ def make_layer_step(arch: Arch, attention: str = "matmul"):
         else:
             past_v = torch.matmul(p[..., :-1], v_cache)
         att = past_v + p[..., -1:] * v[:, :, None, :]
-        x = x + F.linear(att.reshape(n_rows, heads * d), o_w)
-        return _mlp_residual(x, post_norm, gu_w, down_w, eps), k, v
+        return finish(x, att, o_w, post_norm, gu_w, down_w), k, v
 
+    layer_step = wrap(fused)
     return layer_step
 
 
@@ -208,16 +242,17 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
     cache column, a uniform; ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
-    (L, B, kv, S, d) read-only views (columns ``>= col`` are ignored). Returns ``(next, logp, k, v)``
-    with ``k``/``v`` of shape (L, B, kv, d), written into the cache by the caller.
+    (L, B, kv, S, d) views (columns ``>= col`` are ignored; the ``sdpa`` form writes column ``col``).
+    Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d), written into the cache by the caller.
     """
     x = F.embedding(tok, w[-2])
     cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
     cols = torch.arange(k_cache.size(3), device=tok.device)
-    blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= col))[:, None, None, :]
+    end = col + 1 if getattr(layer_step, "sees_own_column", False) else col
+    blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= end))[:, None, None, :]
     new_k, new_v = [], []
     for i in range(k_cache.size(0)):
-        x, k, v = layer_step(x, cos[:, None], sin[:, None], blocked, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
+        x, k, v = layer_step(x, cos[:, None], sin[:, None], blocked, col, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
         new_k.append(k)
         new_v.append(v)
     logits = F.linear(_rms_norm(x, w[-3], eps), w[-1])
@@ -281,7 +316,7 @@ class FastGenerator(PlainGenerator):
     """
 
     def __init__(self, model, tokenizer, graphs: bool | None = None, compile: bool | None = None,
-                 attention: str = "matmul"):
+                 attention: str = "auto"):
         super().__init__(model, tokenizer)
         device = next(model.parameters()).device
         self.device = device
@@ -298,8 +333,11 @@ class FastGenerator(PlainGenerator):
         self._pool = None
         # Only the layer is compiled: one small graph serves all 28 layers (compiles in seconds, not
         # minutes), shapes become symbolic after the second batch/column size; the head samples eagerly.
-        layer = make_layer_step(self.arch, attention)
-        self._layer = torch.compile(layer, fullgraph=True) if compile else layer
+        if attention != "auto" and attention not in ATTENTION_FORMS:
+            raise ValueError(f"unknown attention form {attention!r}; auto or one of {ATTENTION_FORMS}")
+        self.attention = attention
+        self._wrap = (lambda f: torch.compile(f, fullgraph=True)) if compile else None
+        self._layers: dict[str, object] = {}
         self.eos = torch.tensor(self.eos_ids, device=device)
         self.captures = 0
         # wall-clock split of the work done so far (synchronised at batch edges only)
@@ -310,6 +348,17 @@ class FastGenerator(PlainGenerator):
             # one compile per new batch/column shape until dynamo makes them symbolic; sampling settings add a few
             name = "recompile_limit" if hasattr(_dynamo.config, "recompile_limit") else "cache_size_limit"
             setattr(_dynamo.config, name, max(getattr(_dynamo.config, name), 64))
+
+    def _layer_for(self, rows: int):
+        """The decode layer for a batch of ``rows``: ``auto`` takes the form measured fastest there.
+
+        On an H200 (docs/speed_h200.md) one fused attention kernel (``sdpa``) is fastest at batch 32;
+        at batch 600 the two cuBLAS products (``matmul``) are.
+        """
+        form = self.attention if self.attention != "auto" else ("sdpa" if rows <= AUTO_SDPA_ROWS else "matmul")
+        if form not in self._layers:
+            self._layers[form] = make_layer_step(self.arch, form, self._wrap)
+        return self._layers[form]
 
     def sync_weights(self) -> None:
         """Fold the adapter's current weights into the inference copy (after each optimizer step)."""
@@ -397,7 +446,7 @@ class FastGenerator(PlainGenerator):
         """One decode step, all on the device (captured as one CUDA graph on a GPU)."""
         u = slots.u.index_select(0, slots.step.clamp(max=slots.steps - 1))[0]
         nxt, logp, k, v = decode_math(
-            self._layer, weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
+            self._layer_for(slots.tok.size(0)), weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
             slots.col, slots.pad_start, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
         slots.k.index_copy_(3, slots.col, k[:, :, :, None])
         slots.v.index_copy_(3, slots.col, v[:, :, :, None])

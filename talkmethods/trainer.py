@@ -79,6 +79,7 @@ class TrainConfig:
     lora_dropout: float = 0.0
     sampling: Sampling = field(default_factory=Sampling)
     ada_max_replays: int = 3
+    ada_draw_ahead: bool = False
     save_every: int = 10
     precision: str = "auto"
     gradient_checkpointing: bool = False
@@ -135,7 +136,7 @@ class TalkTrainer(GRPOTrainer):
     4-turn rollouts (Reinforce-Ada's replays included) and returns one row per trained turn.
     """
 
-    def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3,
+    def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3, ada_draw_ahead: bool = False,
                  judge: Callable[[Turn, dict], bool] = judge_by_gold, generator_factory=PlainGenerator, **kwargs):
         super().__init__(*args, **kwargs)
         if self.args.steps_per_generation != self.args.gradient_accumulation_steps:
@@ -147,6 +148,7 @@ class TalkTrainer(GRPOTrainer):
         self.credit_rule = CREDIT_RULES[arm]
         self.sampling = sampling
         self.ada_max_replays = ada_max_replays
+        self.ada_draw_ahead = ada_draw_ahead  # play every replay round up front in one batch (credit.draw_with_replays)
         self.judge = judge
         self.generator_factory = generator_factory
         self.last_rows = 0
@@ -170,24 +172,20 @@ class TalkTrainer(GRPOTrainer):
         generator = self._generator
         generator.sync_weights()  # the policy after the last optimizer step
         g = self.num_generations
-        by_problem: list[list[Chat]] = [[] for _ in problems]
-        totals = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0}
+        totals = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0, "chats_generated": 0}
 
-        def draw(indices: list[int]) -> list[list[float]]:
+        def draw(indices: list[int]) -> list[list[Chat]]:
             flat = [problems[i] for i in indices for _ in range(g)]
             chats, stats = play_chats(generator, self.processing_class, flat, self._seats(len(flat)),
                                       self.sampling, self.judge)
             for k, v in stats.items():
                 totals[k] = max(totals[k], v) if k == "longest_prompt" else totals[k] + v
-            out = []
-            for j, i in enumerate(indices):
-                group = chats[j * g : (j + 1) * g]
-                by_problem[i].extend(group)
-                out.append([c.reward for c in group])
-            return out
+            totals["chats_generated"] += len(chats)  # drawing ahead plays chats the rule may never reach
+            return [chats[j * g : (j + 1) * g] for j in range(len(indices))]
 
         max_replays = self.ada_max_replays if self.plan.replay else 0
-        draw_with_replays(draw, len(problems), per_round=g, max_replays=max_replays)
+        by_problem = draw_with_replays(draw, len(problems), per_round=g, max_replays=max_replays,
+                                       reward=lambda c: c.reward, ahead=self.ada_draw_ahead)
         return by_problem, totals
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, torch.Tensor]:
@@ -213,6 +211,7 @@ class TalkTrainer(GRPOTrainer):
         m["talk/reward"].append(sum(c.reward for c in first_rewards) / len(first_rewards))
         m["talk/both_right"].append(sum(c.reward == 1.0 for c in first_rewards) / len(first_rewards))
         m["talk/chats_drawn"].append(float(sum(len(c) for c in by_problem)))
+        m["talk/chats_generated"].append(float(stats["chats_generated"]))
         m["talk/zero_adv_share"].append(zero_adv / len(problems))
         m["talk/tokens_per_turn"].append(stats["completion_tokens"] / max(stats["turns"], 1))
         m["talk/rows"].append(float(n_real))
@@ -241,7 +240,8 @@ class TalkTrainer(GRPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._rollout_logps = inputs.get("rollout_logps")
         try:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            with lora_inputs_uncast(model, self.args.bf16):
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
             self._rollout_logps = None
 
@@ -268,6 +268,19 @@ class TalkTrainer(GRPOTrainer):
                             "engine may be sampling from other weights than the ones being trained", d["max"], LOGP_TOLERANCE)
             self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
         super().log(logs, start_time)
+
+
+def lora_inputs_uncast(model, autocast_bf16: bool):
+    """Under bf16 autocast, stop PEFT casting each LoRA layer's input to the adapter's fp32.
+
+    PEFT keeps the adapter in fp32 and casts every LoRA input up to it (a full activation copy per
+    layer, forward and backward); autocast then casts it straight back to bf16 for the matmul, so the
+    round trip changes no number but cost ~0.6 s of each 128-row step on an H200. Without autocast
+    (CPU, fp32) nothing is cast either way.
+    """
+    from peft.helpers import disable_input_dtype_casting
+
+    return disable_input_dtype_casting(model, active=autocast_bf16)
 
 
 ROW_KEYS = {"prompt_ids": "prompt", "prompt_mask": "prompt", "completion_ids": "completion",
@@ -363,6 +376,7 @@ class StepLog(TrainerCallback):
 
     KEYS = {
         "talk/reward": "reward", "talk/both_right": "both_right", "talk/chats_drawn": "chats_drawn",
+        "talk/chats_generated": "chats_generated",
         "talk/zero_adv_share": "zero_adv_share", "talk/tokens_per_turn": "tokens_per_turn",
         "entropy": "entropy", "loss": "loss", "grad_norm": "grad_norm", "talk/rows": "rows",
         "talk/longest_prompt": "longest_prompt", "timing/gen_s": "gen_s",
@@ -493,7 +507,8 @@ def build_trainer(cfg: TrainConfig, problems: list[dict], work_dir: Path, judge=
     dataset = Dataset.from_list([{**p, "prompt": p["shared_question"]} for p in problems])
     return TalkTrainer(
         model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
-        arm=cfg.arm, sampling=cfg.sampling, ada_max_replays=cfg.ada_max_replays, judge=judge,
+        arm=cfg.arm, sampling=cfg.sampling, ada_max_replays=cfg.ada_max_replays, ada_draw_ahead=cfg.ada_draw_ahead,
+        judge=judge,
         callbacks=list(callbacks), generator_factory=generator_factory,
     )
 

@@ -264,3 +264,82 @@ def test_replays_then_ada_credit_end_to_end():
 def test_draw_returning_the_wrong_count_is_an_error():
     with pytest.raises(AssertionError, match="expected 4"):
         draw_with_replays(lambda idx: [[1.0, 0.0, 0.0]] * len(idx), 1)
+
+
+# ------------------------------------------------------------------ draw_with_replays, ahead
+
+
+class QueueDraw:
+    """A fake ``draw`` returning chats (problem, round, k) with scripted rewards: round r of problem p
+    is the r-th time p is asked for, whichever call asks, so ahead and round-by-round draws see the same chats."""
+
+    def __init__(self, script: dict[int, list[list[float]]]):
+        self.script = script
+        self.calls: list[list[int]] = []
+        self.asked = {p: 0 for p in script}
+
+    def __call__(self, indices: list[int]) -> list[list[tuple[int, int, int, float]]]:
+        self.calls.append(list(indices))
+        out = []
+        for p in indices:
+            r = self.asked[p]
+            self.asked[p] += 1
+            out.append([(p, r, k, reward) for k, reward in enumerate(self.script[p][r])])
+        return out
+
+
+def chat_reward(chat: tuple[int, int, int, float]) -> float:
+    return chat[3]
+
+
+SCRIPT = {
+    0: [[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]],  # mixed at once
+    1: [[0, 0, 0, 0], [0, 0, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]],  # one replay
+    2: [[1, 1, 1, 1]] * 4,  # uniform after every replay
+    3: [[0.5] * 4, [0.5] * 4, [1, 0.5, 0.5, 0.5], [0.5] * 4],  # two replays
+}
+
+
+def test_ahead_calls_draw_once_with_every_round_of_every_problem():
+    draw = QueueDraw(SCRIPT)
+    draw_with_replays(draw, 4, reward=chat_reward, ahead=True)
+    assert draw.calls == [[0, 1, 2, 3] * 4]
+
+
+def test_ahead_reaches_the_same_chats_as_round_by_round():
+    seq, ahead = QueueDraw(SCRIPT), QueueDraw(SCRIPT)
+    by_round = draw_with_replays(seq, 4, reward=chat_reward)
+    drawn_ahead = draw_with_replays(ahead, 4, reward=chat_reward, ahead=True)
+    assert drawn_ahead == by_round
+    assert seq.calls == [[0, 1, 2, 3], [1, 2, 3], [2, 3], [2]]
+    # the chats themselves, in draw order, not only their rewards
+    assert [(p, r) for p, r, _, _ in drawn_ahead[1]] == [(1, 0)] * 4 + [(1, 1)] * 4
+
+
+def test_ahead_drops_the_rounds_the_rule_never_reaches():
+    drawn = draw_with_replays(QueueDraw(SCRIPT), 4, reward=chat_reward, ahead=True)
+    rounds = [sorted({r for _, r, _, _ in chats}) for chats in drawn]
+    assert rounds == [[0], [0, 1], [0, 1, 2, 3], [0, 1, 2]]
+    assert [len(chats) for chats in drawn] == [4, 8, 16, 12]  # of 64 played
+
+
+def test_ahead_with_no_replays_is_one_round_as_before():
+    seq, ahead = QueueDraw(SCRIPT), QueueDraw(SCRIPT)
+    assert draw_with_replays(ahead, 4, max_replays=0, reward=chat_reward, ahead=True) == \
+        draw_with_replays(seq, 4, max_replays=0, reward=chat_reward)
+    assert ahead.calls == seq.calls == [[0, 1, 2, 3]]
+
+
+def test_ahead_returns_rewards_when_draw_returns_rewards():
+    draw = ScriptedDraw({0: [[0, 0, 0, 0], [0, 1, 0.5, 0], [1, 1, 1, 1], [0, 0, 0, 0]]})
+    assert draw_with_replays(draw, 1, ahead=True) == [[0, 0, 0, 0, 0, 1, 0.5, 0]]
+    assert draw.calls == [[0, 0, 0, 0]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(min_value=1, max_value=5), max_replays=st.integers(min_value=0, max_value=3))
+def test_ahead_and_round_by_round_agree_on_any_script(data, n, max_replays):
+    rounds = st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=4, max_size=4)
+    script = {p: data.draw(st.lists(rounds, min_size=1 + max_replays, max_size=1 + max_replays)) for p in range(n)}
+    by_round = draw_with_replays(QueueDraw(script), n, max_replays=max_replays, reward=chat_reward)
+    assert draw_with_replays(QueueDraw(script), n, max_replays=max_replays, reward=chat_reward, ahead=True) == by_round

@@ -72,3 +72,32 @@ def test_sampling_frequencies_follow_the_softmax():
     # top-k 3 at temperature 0.5 never draws the 4th token
     counts = torch.bincount(sample_next(logits, Sampling(top_k=3, temperature=0.5), g), minlength=4)
     assert counts[3] == 0 and counts[2] > 0
+
+
+@pytest.mark.parametrize("width", [151_936, 151_937, 100])
+def test_inverse_cdf_in_two_levels_is_the_flat_rule(width):
+    """Block sums then one block's cumulative sum pick the same index as one flat cumulative sum."""
+    from talkmethods.engine import _inverse_cdf
+
+    g = torch.Generator().manual_seed(width)
+    for _ in range(3):
+        probs = torch.softmax(torch.randn(16, width, generator=g, dtype=torch.float64) * 3, -1)
+        probs[:, ::7] = 0  # zero-mass tokens are never picked
+        u = torch.rand(16, generator=g, dtype=torch.float64)
+        cdf = probs.cumsum(-1)
+        want = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp(max=width - 1)
+        got = _inverse_cdf(probs, u)
+        assert torch.equal(got, want)
+        assert bool((probs.gather(-1, got) > 0).all())
+
+
+def test_full_vocabulary_sampling_follows_the_softmax():
+    """The two-level path (a 151,936-token row) draws with the softmax's frequencies."""
+    logits = torch.full((4000, 151_936), -30.0)
+    logits[:, [5, 70_000, 151_935]] = torch.tensor([1.0, 0.0, 2.0])
+    g = torch.Generator().manual_seed(1)
+    tok, logp = sample_with_logprob(logits, 1.0, 0, 1.0, torch.rand(4000, generator=g))
+    counts = torch.stack([(tok == t).sum() for t in (5, 70_000, 151_935)]).float()
+    assert counts.sum() > 3990
+    assert torch.allclose(counts / counts.sum(), torch.softmax(torch.tensor([1.0, 0.0, 2.0]), -1), atol=0.03)
+    assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0], atol=1e-5)

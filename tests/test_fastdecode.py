@@ -57,7 +57,7 @@ def test_fast_matches_generate_token_for_token_when_greedy(peft_model, qwen_toke
         assert all(plain[i] == base[i] for i in range(1, 6, 2))
 
 
-@pytest.mark.parametrize("attention", ["matmul", "vt", "reduce"])
+@pytest.mark.parametrize("attention", ["matmul", "vt", "reduce", "sdpa"])
 def test_every_attention_form_gives_the_same_tokens(peft_model, qwen_tokenizer, attention):
     prompts = _prompts(qwen_tokenizer)
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, [True] * 6, GREEDY)

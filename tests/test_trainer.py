@@ -59,11 +59,12 @@ class Recorder:
         trainer.credit_rule = credit_rule
 
 
-def train_one_step(arm, tmp_path: Path, judge=parity_judge, max_new_tokens=4, micro_batches=1):
-    cfg = TrainConfig(arm=arm, seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=micro_batches,
-                      sampling=Sampling(max_new_tokens=max_new_tokens), save_every=1000)
+def train_one_step(arm, tmp_path: Path, judge=parity_judge, max_new_tokens=4, micro_batches=1, problems=8,
+                   ada_draw_ahead=False):
+    cfg = TrainConfig(arm=arm, seed=17, model=SPEC, steps=1, problems_per_step=problems, micro_batches=micro_batches,
+                      sampling=Sampling(max_new_tokens=max_new_tokens), save_every=1000, ada_draw_ahead=ada_draw_ahead)
     log_path = tmp_path / "steps.jsonl"
-    trainer = build_trainer(cfg, tiny_problems(8), tmp_path, judge=judge, callbacks=[StepLog(log_path)])
+    trainer = build_trainer(cfg, tiny_problems(problems), tmp_path, judge=judge, callbacks=[StepLog(log_path)])
     rec = Recorder(trainer)
     trainer.train()
     logs = [json.loads(line) for line in log_path.read_text().splitlines()]
@@ -146,6 +147,20 @@ def test_ada_replays_uniform_problems_and_still_keeps_four_chats(tmp_path):
     assert logs[-1]["chats_drawn"] == float(sum(drawn))
     assert logs[-1]["chats_drawn"] >= 32 + 2 * 12 > 32
     assert logs[-1]["zero_adv_share"] >= 2 / 8
+    assert logs[-1]["chats_generated"] == logs[-1]["chats_drawn"], "round by round plays only the chats it uses"
+
+
+def test_ada_drawing_ahead_plays_every_round_and_uses_the_reached_ones(tmp_path):
+    def judge(turn, problem):  # p0 is always solved (uniform): it reaches every round; p1 depends on the tokens
+        return problem["id"] == "p0" or parity_judge(turn, problem)
+
+    trainer, rec, logs = train_one_step("ada", tmp_path, judge=judge, problems=2, ada_draw_ahead=True)
+    check_batch_reaches_the_loss(trainer, rec, rows=2 * 4 * 4)
+    drawn = [len(r) for r, _, _ in rec.credits]
+    assert any(len(r) == 16 and set(r) == {1.0} for r, _, _ in rec.credits), drawn  # p0 (the sampler shuffles)
+    assert all(n in (4, 8, 12, 16) for n in drawn)
+    assert logs[-1]["chats_generated"] == 2 * 16.0, "every round of every problem, played up front"
+    assert logs[-1]["chats_drawn"] == float(sum(drawn)), "only the rounds the rule reached"
 
 
 def test_micro_batches_split_the_rows_but_not_the_normaliser(tmp_path):

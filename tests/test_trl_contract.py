@@ -253,3 +253,29 @@ def test_our_batch_has_exactly_the_base_keys(built):
     assert out["num_items_in_batch"].ndim == 0
     assert out["prompt_ids"].dtype == out["completion_ids"].dtype == torch.long
     assert trainer._metrics["train"]["talk/rows"][-1] == 96.0
+
+
+def test_lora_input_uncast_changes_no_number_under_bf16_autocast():
+    """PEFT's fp32 adapter casts each LoRA input up; under bf16 autocast skipping that is exact (and cheaper)."""
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from talkmethods.models import ModelSpec, load_model
+    from talkmethods.trainer import lora_inputs_uncast
+
+    torch.manual_seed(0)
+    model = get_peft_model(load_model(ModelSpec("offline-tiny-qwen2"), torch.bfloat16),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", "gate_proj"]))
+    lora = [m for m in model.modules() if isinstance(m, BaseTunerLayer) and hasattr(m, "lora_A")]
+    assert lora and all(m.lora_A["default"].weight.dtype == torch.float32 for m in lora)  # PEFT's upcast adapter
+    with torch.no_grad():
+        for m in lora:
+            m.lora_B["default"].weight.normal_()
+    ids = torch.randint(0, 1000, (2, 24))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(ids).logits
+        with lora_inputs_uncast(model, True):
+            assert not any(m.cast_input_dtype_enabled for m in lora)
+            got = model(ids).logits
+    assert all(m.cast_input_dtype_enabled for m in lora)  # restored
+    assert torch.equal(got, want)
