@@ -287,7 +287,8 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
     for arm in args.arms:
         cfg = TrainConfig(arm=arm, seed=17, model=spec, steps=args.steps, sampling=Sampling(max_new_tokens=args.turn_tokens),
                           save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
-                          lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step)
+                          lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step,
+                          ada_draw_ahead=args.ada_draw_ahead)
         log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
         log_path.unlink(missing_ok=True)
         trainer = build_trainer(cfg, problems, out / f"work_{arm}", callbacks=[StepLog(log_path)],
@@ -298,7 +299,8 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
         peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         gen = trainer._generator
         for s in (json.loads(x) for x in log_path.read_text().splitlines()):
-            rows.append({"arm": arm, "step": s["step"], "chats": s["chats_drawn"], "rows": s["rows"],
+            rows.append({"arm": arm, "step": s["step"], "chats": s["chats_drawn"],
+                         "chats_generated": s.get("chats_generated", s["chats_drawn"]), "rows": s["rows"],
                          "tokens_per_turn": s["tokens_per_turn"], "longest_prompt": s["longest_prompt"],
                          "loss_tokens": s["loss_tokens"], "loss_tokens_padded": s["loss_tokens_padded"],
                          "gen_s": round(s["gen_s"], 3), "train_s": round(s["train_s"], 3),
@@ -372,6 +374,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated attention forms of the decode section (auto, matmul, vt, reduce, sdpa); the first "
                          "one also serves the guard and the profile")
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
+    ap.add_argument("--ada-rounds", dest="ada_draw_ahead", action="store_false",
+                    help="Reinforce-Ada replays round by round (default: every round drawn ahead, as config.yaml)")
     args = ap.parse_args(argv)
     q = args.quick
     args.arms = list(ARMS)
@@ -459,9 +463,9 @@ def table(res: dict) -> str:
                   f"{r['tokens_per_s']:,} | {r['prefill_s']:.2f} | {r['turn_s']:.2f} |" for r in res["decode"]]
         lines.append("")
     if "arms" in res:
-        lines += ["| arm | step | chats | rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
+        lines += ["| arm | step | chats used / played | rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['arm']} | {r['step']} | {r['chats']:.0f} | {r['rows']:.0f} | {r['tokens_per_turn']:.0f} | "
+        lines += [f"| {r['arm']} | {r['step']} | {r['chats']:.0f} / {r['chats_generated']:.0f} | {r['rows']:.0f} | {r['tokens_per_turn']:.0f} | "
                   f"{r['gen_s']:.2f} | {r['train_s']:.2f} | {r['logp_diff_max']} | {r['peak_gib']} | "
                   f"{r['decode_ms_per_step']} |" for r in res["arms"]]
         lines.append("")
