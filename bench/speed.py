@@ -236,7 +236,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
 
     cfg = TrainConfig(arm="raft", seed=17, model=spec, steps=1, sampling=Sampling(max_new_tokens=args.turn_tokens),
                       save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
-                      lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step)
+                      lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step, pack_seats=args.pack_seats)
     trainer = build_trainer(cfg, problems, out / "work_profile", generator_factory=ENGINES["fast"])
     model = trainer.model
     model.train()
@@ -267,6 +267,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     n_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
     top = sorted(kern.items(), key=lambda kv: -kv[1][0])[:20]
     res = {"arm": "raft", "rows": int((batch["completion_mask"].sum(1) > 0).sum()), "micro_batches": len(parts),
+           "turns": int(trainer._metrics["train"]["talk/rows"][-1]),
            "tokens_real": real, "tokens_padded": padded, "completion_tokens": int(n_items),
            "wall_s": round(wall, 3), "tokens_per_s": round(real / wall),
            "tflops_4n": round(4 * n_params * real / wall / 1e12, 1),
@@ -288,7 +289,7 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
         cfg = TrainConfig(arm=arm, seed=17, model=spec, steps=args.steps, sampling=Sampling(max_new_tokens=args.turn_tokens),
                           save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
                           lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step,
-                          ada_draw_ahead=args.ada_draw_ahead)
+                          ada_draw_ahead=args.ada_draw_ahead, pack_seats=args.pack_seats)
         log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
         log_path.unlink(missing_ok=True)
         trainer = build_trainer(cfg, problems, out / f"work_{arm}", callbacks=[StepLog(log_path)],
@@ -301,6 +302,7 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
         for s in (json.loads(x) for x in log_path.read_text().splitlines()):
             rows.append({"arm": arm, "step": s["step"], "chats": s["chats_drawn"],
                          "chats_generated": s.get("chats_generated", s["chats_drawn"]), "rows": s["rows"],
+                         "loss_rows": s.get("loss_rows", s["rows"]),
                          "tokens_per_turn": s["tokens_per_turn"], "longest_prompt": s["longest_prompt"],
                          "loss_tokens": s["loss_tokens"], "loss_tokens_padded": s["loss_tokens_padded"],
                          "gen_s": round(s["gen_s"], 3), "train_s": round(s["train_s"], 3),
@@ -376,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
     ap.add_argument("--ada-rounds", dest="ada_draw_ahead", action="store_false",
                     help="Reinforce-Ada replays round by round (default: every round drawn ahead, as config.yaml)")
+    ap.add_argument("--no-pack", dest="pack_seats", action="store_false",
+                    help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)")
     args = ap.parse_args(argv)
     q = args.quick
     args.arms = list(ARMS)
@@ -463,9 +467,9 @@ def table(res: dict) -> str:
                   f"{r['tokens_per_s']:,} | {r['prefill_s']:.2f} | {r['turn_s']:.2f} |" for r in res["decode"]]
         lines.append("")
     if "arms" in res:
-        lines += ["| arm | step | chats used / played | rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
+        lines += ["| arm | step | chats used / played | turns / loss rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['arm']} | {r['step']} | {r['chats']:.0f} / {r['chats_generated']:.0f} | {r['rows']:.0f} | {r['tokens_per_turn']:.0f} | "
+        lines += [f"| {r['arm']} | {r['step']} | {r['chats']:.0f} / {r['chats_generated']:.0f} | {r['rows']:.0f} / {r['loss_rows']:.0f} | {r['tokens_per_turn']:.0f} | "
                   f"{r['gen_s']:.2f} | {r['train_s']:.2f} | {r['logp_diff_max']} | {r['peak_gib']} | "
                   f"{r['decode_ms_per_step']} |" for r in res["arms"]]
         lines.append("")
@@ -478,7 +482,7 @@ def table(res: dict) -> str:
         lines.append("")
     if "train_profile" in res:
         t = res["train_profile"]
-        lines += [f"training step profile ({t['arm']}, {t['rows']} rows, {t['micro_batches']} micro-batches, "
+        lines += [f"training step profile ({t['arm']}, {t.get('turns', t['rows'])} turns in {t['rows']} rows, {t['micro_batches']} micro-batches, "
                   f"{t['tokens_real']:,} real / {t['tokens_padded']:,} padded tokens, loss on {t['completion_tokens']:,}): "
                   f"{t['wall_s']} s wall ({t['tokens_per_s']:,} tok/s, {t['tflops_4n']} TFLOP/s at 4·N a token), "
                   f"{t['gpu_ms']} ms of kernels: " + ", ".join(f"{k} {v}" for k, v in t["by_kind_ms"].items()) + " ms"]

@@ -143,7 +143,7 @@ def train_params(config: dict, arm: str, seed: int) -> dict:
         "lora_alpha": t.get("lora_alpha", 2 * t["lora_r"]), "lora_dropout": t.get("lora_dropout", 0.0),
         "sampling": {"max_new_tokens": t["max_new_tokens"], "temperature": t.get("temperature", 1.0),
                      "top_p": t.get("top_p", 1.0), "top_k": 0, "max_prompt_tokens": t.get("max_prompt_tokens", 2048)},
-        "ada_max_replays": t.get("ada_max_replays", 3), "ada_draw_ahead": t.get("ada_draw_ahead", False),
+        "ada_max_replays": t.get("ada_max_replays", 3), "ada_draw_ahead": t.get("ada_draw_ahead", False), "pack_seats": t.get("pack_seats", True),
         "save_every": t.get("save_every", 10),
         "precision": config["model"].get("precision", "auto"),
         "gradient_checkpointing": t.get("gradient_checkpointing", False),

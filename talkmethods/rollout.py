@@ -138,6 +138,42 @@ class PlainGenerator:
         return rows
 
 
+def _render(tokenizer, messages, generation_prompt: bool) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
+                                              return_dict=False))
+
+
+END_OF_MESSAGE = "<|im_end|>"  # ChatML, Qwen's template
+
+
+def seat_prompt(tokenizer, messages: list[dict], own_last: Turn | None, stops: set[int]) -> list[int]:
+    """A seat's prompt: the chat template's rendering, with the seat's own earlier message as its exact tokens.
+
+    A seat's second prompt is its first prompt, its own first completion token for token (closed
+    with the template's end-of-message tokens), then the partner's reply and the generation prompt
+    as the template renders them. Re-rendering the decoded text instead would re-tokenise the
+    seat's own words (sampled tokens are not always the tokenizer's canonical split), so the model
+    would continue a message it never wrote. With canonical tokens the two are identical (tested).
+    It also makes the first turn's row a prefix of the second's, which the trainer packs into one
+    row. A template without ChatML's end-of-message token keeps the plain rendering.
+    """
+    end = tokenizer.convert_tokens_to_ids(END_OF_MESSAGE)
+    if own_last is None or end is None or end == tokenizer.unk_token_id:
+        return _render(tokenizer, messages, True)
+    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    head = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=False, tokenize=False)  # through own last message
+    cut = head.rfind(END_OF_MESSAGE)
+    if not full.startswith(head) or cut < 0:
+        return _render(tokenizer, messages, True)
+    own = own_last.completion_ids
+    if own and own[-1] in stops:  # the sampler's stop token gives way to the template's end of message
+        own = own[:-1]
+    # both texts start right after a special token, so they tokenise as they would inside the whole
+    after_end = tokenizer.encode(head[cut + len(END_OF_MESSAGE) :], add_special_tokens=False)
+    rest = tokenizer.encode(full[len(head) :], add_special_tokens=False)
+    return own_last.prompt_ids + own + [end] + after_end + rest
+
+
 def play_chats(
     generator,
     tokenizer,
@@ -161,11 +197,13 @@ def play_chats(
     """
     chats = [Chat(problem=p, a_adapter=a, b_adapter=b) for p, (a, b) in zip(problems, seats, strict=True)]
     stats = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0}
+    stops = set(getattr(generator, "eos_ids", ())) | {tokenizer.eos_token_id}
     for turn, seat in enumerate(SEATS):
         prompts = []
         for chat in chats:
             messages = seat_messages(chat.problem, turn, [t.text for t in chat.turns])
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            own_last = chat.turns[turn - 2] if turn >= 2 else None
+            ids = seat_prompt(tokenizer, messages, own_last, stops)
             if len(ids) > sampling.max_prompt_tokens:
                 raise PromptTooLong(
                     f"a seat-{seat} prompt has {len(ids)} tokens, more than max_prompt_tokens="

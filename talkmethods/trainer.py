@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from trl import GRPOConfig, GRPOTrainer
 from transformers import TrainerCallback
 
@@ -80,6 +81,7 @@ class TrainConfig:
     sampling: Sampling = field(default_factory=Sampling)
     ada_max_replays: int = 3
     ada_draw_ahead: bool = False
+    pack_seats: bool = False
     save_every: int = 10
     precision: str = "auto"
     gradient_checkpointing: bool = False
@@ -90,41 +92,94 @@ class TrainConfig:
 EMPTY_TURN = Turn(seat="-", adapter_on=False, prompt_ids=[], completion_ids=[], text="")
 
 
-def to_rows(chats: list[Chat], advantages: list[float], trained: list[tuple[bool, ...]]) -> list[tuple[Turn, float]]:
-    """One (turn, advantage) row per trained turn of each kept chat."""
-    return [
-        (turn, adv)
-        for chat, adv, mask in zip(chats, advantages, trained, strict=True)
-        for turn, on in zip(chat.turns, mask, strict=True)
-        if on
-    ]
+@dataclass
+class Row:
+    """One loss row: a prompt and a completion; ``scored`` marks the completion tokens the loss counts.
+
+    A row is one trained turn, or a seat's two trained turns packed together: the first turn's
+    completion, the partner's reply (attended, not scored), the second turn's completion.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    scored: list[int]
+    logprobs: list[float] | None  # the rollout's log-prob per completion token (NaN where not sampled)
+    advantage: float
+    turns: int = 1
+
+    @classmethod
+    def of(cls, turn: Turn, advantage: float) -> "Row":
+        return cls(turn.prompt_ids, turn.completion_ids, [1] * len(turn.completion_ids), turn.logprobs, advantage,
+                   turns=int(bool(turn.completion_ids)))
 
 
-def pad_rows(rows: list[tuple[Turn, float]], pad_id: int, device) -> dict[str, torch.Tensor]:
-    """Left-pad prompts and right-pad completions into TRL's batch tensors."""
+def to_rows(chats: list[Chat], advantages: list[float], trained: list[tuple[bool, ...]], pack: bool = False) -> list[Row]:
+    """The rows of each kept chat's trained turns, every one with its chat's advantage.
+
+    ``pack``: a seat's two trained turns become one row when the first turn (prompt and completion)
+    is exactly the start of the second's prompt (``rollout.seat_prompt`` builds it so). The loss is a
+    token sum over the scored tokens, and a causal model gives the first turn's tokens the same
+    log-probs inside the longer row, so the loss and its gradient are unchanged; the first turn's
+    ~450-950 prompt-and-completion tokens are not run twice (~35% of a step's tokens).
+    """
+    rows = []
+    for chat, adv, mask in zip(chats, advantages, trained, strict=True):
+        turns = [t for t, on in zip(chat.turns, mask, strict=True) if on]
+        if not pack:
+            rows += [Row.of(t, adv) for t in turns]
+            continue
+        for seat in ("A", "B"):
+            rows += _seat_rows([t for t in turns if t.seat == seat], adv)
+    return rows
+
+
+def _seat_rows(turns: list[Turn], adv: float) -> list[Row]:
+    """One seat's trained turns of a chat: one packed row when the first is a prefix of the second."""
+    if len(turns) == 2:
+        first, second = turns
+        done = first.prompt_ids + first.completion_ids
+        if first.completion_ids and second.completion_ids and second.prompt_ids[: len(done)] == done:
+            between = second.prompt_ids[len(done) :]
+            logprobs = None
+            if first.logprobs is not None and second.logprobs is not None:
+                logprobs = first.logprobs + [math.nan] * len(between) + second.logprobs
+            return [Row(first.prompt_ids, first.completion_ids + between + second.completion_ids,
+                        [1] * len(first.completion_ids) + [0] * len(between) + [1] * len(second.completion_ids),
+                        logprobs, adv, turns=2)]
+    return [Row.of(t, adv) for t in turns]
+
+
+def pad_rows(rows: list[Row], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Left-pad prompts and right-pad completions into TRL's batch tensors.
+
+    ``completion_mask`` is every completion token (attended); ``tool_mask`` (TRL's name for tokens
+    inside a completion that the loss skips) zeroes the partner's reply inside a packed row.
+    """
     n = len(rows)
-    p_len = max(max(len(t.prompt_ids) for t, _ in rows), 1)
-    c_len = max(max(len(t.completion_ids) for t, _ in rows), 1)
+    p_len = max(max(len(r.prompt_ids) for r in rows), 1)
+    c_len = max(max(len(r.completion_ids) for r in rows), 1)
     prompt_ids = torch.full((n, p_len), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((n, p_len), dtype=torch.long)
     completion_ids = torch.full((n, c_len), pad_id, dtype=torch.long)
     completion_mask = torch.zeros((n, c_len), dtype=torch.long)
-    for i, (turn, _) in enumerate(rows):
-        p, c = turn.prompt_ids, turn.completion_ids
+    tool_mask = torch.zeros((n, c_len), dtype=torch.long)
+    for i, r in enumerate(rows):
+        p, c = r.prompt_ids, r.completion_ids
         if p:
             prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
             prompt_mask[i, p_len - len(p) :] = 1
         if c:
             completion_ids[i, : len(c)] = torch.tensor(c)
             completion_mask[i, : len(c)] = 1
-    advantages = torch.tensor([a for _, a in rows], dtype=torch.float32)  # (B,)
+            tool_mask[i, : len(c)] = torch.tensor(r.scored)
+    advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32)  # (B,)
     out = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-               completion_mask=completion_mask, advantages=advantages)
-    if all(t.logprobs is not None for t, _ in rows if t.completion_ids):
+               completion_mask=completion_mask, tool_mask=tool_mask, advantages=advantages)
+    if all(r.logprobs is not None for r in rows if r.completion_ids):
         rollout_logps = torch.zeros((n, c_len), dtype=torch.float32)
-        for i, (turn, _) in enumerate(rows):
-            if turn.completion_ids:
-                rollout_logps[i, : len(turn.completion_ids)] = torch.tensor(turn.logprobs)
+        for i, r in enumerate(rows):
+            if r.completion_ids:
+                rollout_logps[i, : len(r.completion_ids)] = torch.tensor(r.logprobs, dtype=torch.float32)
         out["rollout_logps"] = rollout_logps
     return {k: v.to(device) for k, v in out.items()}
 
@@ -137,7 +192,7 @@ class TalkTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3, ada_draw_ahead: bool = False,
-                 judge: Callable[[Turn, dict], bool] = judge_by_gold, generator_factory=PlainGenerator, **kwargs):
+                 pack_seats: bool = False, judge: Callable[[Turn, dict], bool] = judge_by_gold, generator_factory=PlainGenerator, **kwargs):
         super().__init__(*args, **kwargs)
         if self.args.steps_per_generation != self.args.gradient_accumulation_steps:
             # One optimizer step per generation batch (on-policy): the rows of one rollout are split
@@ -148,12 +203,14 @@ class TalkTrainer(GRPOTrainer):
         self.credit_rule = CREDIT_RULES[arm]
         self.sampling = sampling
         self.ada_max_replays = ada_max_replays
+        self.pack_seats = pack_seats  # a seat's two trained turns as one loss row (see ``to_rows``)
         self.ada_draw_ahead = ada_draw_ahead  # play every replay round up front in one batch (credit.draw_with_replays)
         self.judge = judge
         self.generator_factory = generator_factory
         self.last_rows = 0
         self._generator = None
         self._rollout_logps = None  # the micro-batch's rollout log-probs, while its loss is computed
+        self._scored = None  # and which of its completion tokens are the seat's own (tool_mask)
         self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
         self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
 
@@ -196,15 +253,16 @@ class TalkTrainer(GRPOTrainer):
         for chats in by_problem:
             credit = self.credit_rule([c.reward for c in chats], [not c.b_adapter for c in chats])
             kept = [chats[i] for i in credit.kept]
-            rows += to_rows(kept, list(credit.advantages), list(credit.trained_turns))
+            rows += to_rows(kept, list(credit.advantages), list(credit.trained_turns), pack=self.pack_seats)
             zero_adv += all(a == 0 for a in credit.advantages)
             first_rewards += chats[:g]
         # split_tensor_dict silently drops rows that do not divide steps_per_generation (DESIGN §2):
         # pad with empty rows (completion_mask 0), which add nothing to the token-sum loss.
         n_real = len(rows)
-        rows += [(EMPTY_TURN, 0.0)] * (-len(rows) % self.args.steps_per_generation)
+        n_turns = sum(r.turns for r in rows)
+        rows += [Row.of(EMPTY_TURN, 0.0)] * (-len(rows) % self.args.steps_per_generation)
         batch = pad_rows(rows, self.processing_class.pad_token_id, self.accelerator.device)
-        batch["num_items_in_batch"] = batch["completion_mask"].sum()
+        batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
         self.last_rows = n_real
 
         m = self._metrics["train"]
@@ -214,7 +272,8 @@ class TalkTrainer(GRPOTrainer):
         m["talk/chats_generated"].append(float(stats["chats_generated"]))
         m["talk/zero_adv_share"].append(zero_adv / len(problems))
         m["talk/tokens_per_turn"].append(stats["completion_tokens"] / max(stats["turns"], 1))
-        m["talk/rows"].append(float(n_real))
+        m["talk/rows"].append(float(n_turns))  # trained turns
+        m["talk/loss_rows"].append(float(n_real))  # rows of the loss batch (fewer when seats are packed)
         m["talk/longest_prompt"].append(float(stats["longest_prompt"]))
         m["timing/gen_s"].append(stats["gen_s"])
         return batch
@@ -239,6 +298,7 @@ class TalkTrainer(GRPOTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._rollout_logps = inputs.get("rollout_logps")
+        self._scored = inputs.get("tool_mask")
         try:
             with lora_inputs_uncast(model, self.args.bf16):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -250,10 +310,12 @@ class TalkTrainer(GRPOTrainer):
         rollout, self._rollout_logps = self._rollout_logps, None
         if rollout is not None:
             valid = attention_mask[:, -logits_to_keep:].bool()
+            if self._scored is not None:  # not the partner's reply inside a packed row
+                valid &= self._scored.bool()
             diff = (out[0].detach().float() - rollout)[valid].abs()
             if diff.numel():
                 d = self._logp_diff
-                d["max"] = max(d["max"], diff.max().item())
+                d["max"] = max(d["max"], diff.max().item() if bool(diff.isfinite().all()) else math.inf)
                 d["sum"] += diff.sum().item()
                 d["n"] += diff.numel()
         return out
@@ -263,6 +325,9 @@ class TalkTrainer(GRPOTrainer):
         if d["n"] and "loss" in logs:  # a training step's log: report its max/mean, then start afresh
             self._metrics["train"]["talk/logp_diff_max"] = [d["max"]]
             self._metrics["train"]["talk/logp_diff_mean"] = [d["sum"] / d["n"]]
+            if not math.isfinite(d["max"]):
+                raise FloatingPointError("non-finite log-probs in the rollout or the loss: the adapter holds NaN/inf "
+                                         "(a NaN gradient; see CUDNN_NAN_WIDTH); stopping rather than training on noise")
             if d["max"] > LOGP_TOLERANCE:
                 log.warning("rollout and trainer log-probs differ by up to %.3f nats (tolerance %.2f): the rollout "
                             "engine may be sampling from other weights than the ones being trained", d["max"], LOGP_TOLERANCE)
@@ -284,7 +349,13 @@ def lora_inputs_uncast(model, autocast_bf16: bool):
 
 
 ROW_KEYS = {"prompt_ids": "prompt", "prompt_mask": "prompt", "completion_ids": "completion",
-            "completion_mask": "completion", "rollout_logps": "completion", "advantages": None}
+            "completion_mask": "completion", "tool_mask": "completion", "rollout_logps": "completion", "advantages": None}
+
+
+# pytorch#196678: on H100/H200 with torch 2.11, cuDNN's SDPA backward (the default with a padding mask)
+# returns NaN dQ when the sequence length is 64 mod 128 and a query row is fully masked (a left pad),
+# and one NaN gradient poisons the adapter. A micro-batch never has that width (one more pad column).
+CUDNN_NAN_WIDTH = (128, 64)
 
 
 def group_by_length(batch: dict[str, torch.Tensor], chunks: int) -> list[dict[str, torch.Tensor]]:
@@ -310,12 +381,15 @@ def group_by_length(batch: dict[str, torch.Tensor], chunks: int) -> list[dict[st
         rows = order[a:b]
         keep_p = max(int(p_len[rows].max()), 1)
         keep_c = max(int(c_len[rows].max()), 1)
+        if (keep_p + keep_c) % CUDNN_NAN_WIDTH[0] == CUDNN_NAN_WIDTH[1]:
+            keep_p += 1  # one more left-pad column: see CUDNN_NAN_WIDTH
         part = {}
         for key, value in batch.items():
             kind = ROW_KEYS.get(key)
             if not isinstance(value, torch.Tensor) or value.dim() == 0:
                 part[key] = value
             elif kind == "prompt":
+                value = F.pad(value, (max(keep_p - value.size(1), 0), 0))  # zeros: a masked pad column
                 part[key] = value[rows.to(value.device), value.size(1) - keep_p :]  # left-padded
             elif kind == "completion":
                 part[key] = value[rows.to(value.device), :keep_c]  # right-padded
@@ -378,7 +452,7 @@ class StepLog(TrainerCallback):
         "talk/reward": "reward", "talk/both_right": "both_right", "talk/chats_drawn": "chats_drawn",
         "talk/chats_generated": "chats_generated",
         "talk/zero_adv_share": "zero_adv_share", "talk/tokens_per_turn": "tokens_per_turn",
-        "entropy": "entropy", "loss": "loss", "grad_norm": "grad_norm", "talk/rows": "rows",
+        "entropy": "entropy", "loss": "loss", "grad_norm": "grad_norm", "talk/rows": "rows", "talk/loss_rows": "loss_rows",
         "talk/longest_prompt": "longest_prompt", "timing/gen_s": "gen_s",
         "talk/logp_diff_max": "logp_diff_max", "talk/logp_diff_mean": "logp_diff_mean",
         "talk/loss_tokens": "loss_tokens", "talk/loss_tokens_padded": "loss_tokens_padded",
@@ -507,7 +581,7 @@ def build_trainer(cfg: TrainConfig, problems: list[dict], work_dir: Path, judge=
     dataset = Dataset.from_list([{**p, "prompt": p["shared_question"]} for p in problems])
     return TalkTrainer(
         model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
-        arm=cfg.arm, sampling=cfg.sampling, ada_max_replays=cfg.ada_max_replays, ada_draw_ahead=cfg.ada_draw_ahead,
+        arm=cfg.arm, sampling=cfg.sampling, ada_max_replays=cfg.ada_max_replays, ada_draw_ahead=cfg.ada_draw_ahead, pack_seats=cfg.pack_seats,
         judge=judge,
         callbacks=list(callbacks), generator_factory=generator_factory,
     )

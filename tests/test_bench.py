@@ -32,6 +32,9 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     for r in out["arms"]:
         assert r["rows"] == (24 if r["arm"] == "mixed" else 32)
         assert r["logp_diff_max"] < 1e-4 and r["loss_tokens"] <= r["loss_tokens_padded"]
+        assert r["loss_rows"] < r["rows"], "a seat's two turns share a loss row"
+    t = out["train_profile"]
+    assert t["turns"] == 32 and t["rows"] < 32 and t["wall_s"] > 0 and t["tokens_real"] <= t["tokens_padded"]
     assert out["eval"]["chats"] == 8 and out["eval"]["ms_per_step"] > 0
     p = out["projection"]
     assert p["total_min"] > 0 and p["evals"] == 37 and set(p["per_arm"]) == arms

@@ -145,11 +145,54 @@ def test_all_chats_of_a_turn_go_through_one_generate_call(sampled):
 
 
 def test_each_prompt_is_exactly_the_seats_own_view(sampled, qwen_tokenizer):
+    """First prompts are the template's; a second prompt keeps the seat's own first message token for token."""
     chats, _, _, _, _ = sampled
+    newline = qwen_tokenizer.encode("\n")
+    for chat in chats:
+        history = [t.text for t in chat.turns]
+        for k, turn in enumerate(chat.turns):
+            rendered = expected_prompt_ids(qwen_tokenizer, chat.problem, k, history[:k])
+            if k < 2:
+                assert turn.prompt_ids == rendered
+                continue
+            own = chat.turns[k - 2]
+            sampled_ids = own.completion_ids[:-1] if own.completion_ids[-1:] in ([IM_END], [ENDOFTEXT]) else own.completion_ids
+            head = own.prompt_ids + sampled_ids + [IM_END] + newline
+            assert turn.prompt_ids[: len(head)] == head
+            # the partner's reply and the generation prompt, exactly as the template renders them
+            partner = qwen_tokenizer.encode(f"<|im_start|>user\n{history[k - 1]}<|im_end|>\n<|im_start|>assistant\n")
+            assert turn.prompt_ids[len(head):] == partner == rendered[len(rendered) - len(partner):]
+
+
+def test_with_canonical_tokens_every_prompt_is_the_templates_rendering(qwen_tokenizer):
+    """When the sampled tokens are the tokenizer's own split of the text, token-for-token prompts change nothing."""
+    problem = tiny_problems(1)[0]
+    script = [lambda i: f"Zorblax has 17 pebbles, says row {i}.", lambda i: "Quimby has 29.\n\nOk  then",
+              lambda i: "So \\boxed{46}.", lambda i: "b2: 3.5 $ ✓"]
+    chats, _ = play_chats(ScriptedGenerator(qwen_tokenizer, script), qwen_tokenizer, [problem] * 3,
+                          [(True, True)] * 3, Sampling(max_new_tokens=32))
     for chat in chats:
         history = [t.text for t in chat.turns]
         for k, turn in enumerate(chat.turns):
             assert turn.prompt_ids == expected_prompt_ids(qwen_tokenizer, chat.problem, k, history[:k])
+
+
+def test_a_seat_continues_its_own_non_canonical_tokens(qwen_tokenizer):
+    """A message sampled as an odd split of its text reaches the seat's next prompt as sampled, not re-tokenised."""
+    problem = tiny_problems(1)[0]
+    odd = [qwen_tokenizer.convert_tokens_to_ids(c) for c in "hello"]  # h e l l o, one token each
+    assert qwen_tokenizer.encode("hello") != odd
+
+    class Odd(ScriptedGenerator):
+        def generate(self, prompts, adapter_on, sampling):
+            out = super().generate(prompts, adapter_on, sampling)
+            return [odd + [IM_END] for _ in out] if self.turn == 1 else out
+
+    chats, _ = play_chats(Odd(qwen_tokenizer, [lambda i: "x"] * 4), qwen_tokenizer, [problem],
+                          [(True, True)], Sampling(max_new_tokens=32))
+    a1, a2 = chats[0].turns[0], chats[0].turns[2]
+    assert a1.text == "hello"
+    assert a2.prompt_ids[: len(a1.prompt_ids) + len(odd) + 1] == a1.prompt_ids + odd + [IM_END]
 
 
 def test_a_seat_never_sees_the_partners_private_facts(sampled, qwen_tokenizer):

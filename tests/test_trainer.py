@@ -8,6 +8,7 @@ sometimes earns, and check the reward climbs, while sign-flipped and zeroed adva
 from __future__ import annotations
 
 import json
+import math
 import types
 from pathlib import Path
 
@@ -254,8 +255,10 @@ def test_to_rows_and_pad_rows_by_hand():
     base_b = types.SimpleNamespace(turns=[turn("A", [20], [21]), turn("B", [22], [23]),
                                           turn("A", [24], [25, 26]), turn("B", [27], [28])])
     rows = to_rows([full, base_b], [0.5, -0.25], [(T, T, T, T), (T, F, T, F)])
-    assert [(t.prompt_ids, a) for t, a in rows] == [
+    assert [(r.prompt_ids, r.advantage) for r in rows] == [
         ([1, 2], 0.5), ([4], 0.5), ([7, 8, 9], 0.5), ([11], 0.5), ([20], -0.25), ([24], -0.25)]
+    packed = to_rows([full, base_b], [0.5, -0.25], [(T, T, T, T), (T, F, T, F)], pack=True)
+    assert sorted(map(repr, packed)) == sorted(map(repr, rows)), "no prefixes here: the same rows"
     b = pad_rows(rows, pad_id=0, device="cpu")
     assert b["prompt_ids"].tolist() == [[0, 1, 2], [0, 0, 4], [7, 8, 9], [0, 0, 11], [0, 0, 20], [0, 0, 24]]
     assert b["prompt_mask"].tolist() == [[0, 1, 1], [0, 0, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1], [0, 0, 1]]
@@ -263,6 +266,51 @@ def test_to_rows_and_pad_rows_by_hand():
     assert b["completion_mask"].tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]]
     assert b["advantages"].tolist() == [0.5, 0.5, 0.5, 0.5, -0.25, -0.25]
     assert b["advantages"].dtype == torch.float32
+    assert torch.equal(b["tool_mask"], b["completion_mask"]), "one turn a row: every completion token is scored"
+
+
+def test_a_seats_two_turns_pack_into_one_row_when_the_first_is_the_seconds_prefix():
+    def turn(seat, p, c, lp=None):
+        return Turn(seat=seat, adapter_on=True, prompt_ids=p, completion_ids=c, text="", logprobs=lp)
+
+    chat = types.SimpleNamespace(turns=[
+        turn("A", [1, 2], [3, 4], [-0.1, -0.2]),
+        turn("B", [5], [6], [-0.3]),
+        turn("A", [1, 2, 3, 4, 99, 6, 98], [7], [-0.4]),  # A1's prompt and completion, B's reply, A2's generation prompt
+        turn("B", [5, 7, 0, 3], [8, 9], [-0.5, -0.6]),  # not B1 + its completion (re-tokenised): two rows
+    ])
+    rows = to_rows([chat], [0.5], [(T, T, T, T)], pack=True)
+    packed, b1, b2 = rows
+    assert (packed.prompt_ids, packed.completion_ids, packed.scored, packed.turns) == (
+        [1, 2], [3, 4, 99, 6, 98, 7], [1, 1, 0, 0, 0, 1], 2)
+    assert packed.logprobs[:2] == [-0.1, -0.2] and packed.logprobs[-1] == -0.4
+    assert all(math.isnan(x) for x in packed.logprobs[2:5])
+    assert (b1.completion_ids, b2.completion_ids, b1.turns + b2.turns) == ([6], [8, 9], 2)
+    b = pad_rows(rows, pad_id=0, device="cpu")
+    assert b["completion_mask"][0].tolist() == [1] * 6 and b["tool_mask"][0].tolist() == [1, 1, 0, 0, 0, 1]
+    assert torch.isnan(b["rollout_logps"][0, 2:5]).all() and b["rollout_logps"][0, 5] == pytest.approx(-0.4)
+    # a base B (untrained) is never packed with anything: only A's turns are rows
+    assert len(to_rows([chat], [0.5], [(T, F, T, F)], pack=True)) == 1
+
+
+def test_packing_seats_does_not_change_the_update(tmp_path):
+    """Same rollout, packed or not: the token-sum loss and so the SGD update are the same; half the rows."""
+    from transformers.training_args import OptimizerNames
+
+    updates, loss_rows = [], []
+    for pack in (True, False):
+        cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
+                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0, pack_seats=pack)
+        trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(pack), judge=parity_judge)
+        trainer.args.optim = OptimizerNames.SGD
+        before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
+        trainer.train()
+        updates.append({k: v.detach() - before[k] for k, v in trainer.model.named_parameters() if "lora_B" in k})
+        loss_rows.append(trainer.last_rows)
+    assert loss_rows == [64, 128], "every seat's two turns packed into one row"
+    assert max(u.abs().max().item() for u in updates[0].values()) > 1e-4, "the step moved the adapter"
+    for k in updates[0]:
+        assert torch.allclose(updates[0][k], updates[1][k], rtol=1e-4, atol=1e-8), k
 
 
 # ------------------------------------------------------------------------------ learning signal
@@ -377,12 +425,12 @@ def test_controls_do_not_pass_the_margin(scale, tmp_path, record_property):
         assert gain < 0.0
 
 
-def _fast_run(tmp_path, stale: bool):
+def _fast_run(tmp_path, stale: bool, pack: bool = False):
     from talkmethods.engine import ENGINES
     from talkmethods.fastdecode import FastGenerator
 
     cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=2, problems_per_step=2, micro_batches=2,
-                      sampling=Sampling(max_new_tokens=6), save_every=1000, learning_rate=5e-2)
+                      sampling=Sampling(max_new_tokens=6), save_every=1000, learning_rate=5e-2, pack_seats=pack)
     log_path = tmp_path / "steps.jsonl"
 
     def factory(model, tok):
@@ -402,6 +450,37 @@ def test_rollout_and_trainer_logprobs_agree_and_the_check_catches_stale_weights(
     assert [row["step"] for row in logs] == [1, 2]
     for row in logs:  # float32 on a CPU: the two paths agree to rounding
         assert 0 <= row["logp_diff_max"] < 1e-4 and row["logp_diff_mean"] <= row["logp_diff_max"]
+    packed = _fast_run(tmp_path / "packed", stale=False, pack=True)  # the partner's reply inside a row is not compared
+    assert all(0 <= row["logp_diff_max"] < 1e-4 for row in packed) and packed[0]["loss_rows"] < packed[0]["rows"]
     stale = _fast_run(tmp_path / "stale", stale=True)
     assert stale[0]["logp_diff_max"] < 1e-4, "before the first update the copies are equal"
     assert stale[1]["logp_diff_max"] > 1e-2, "after it, sampling from stale weights shows in the check"
+
+
+def test_no_micro_batch_has_the_width_cudnn_gets_wrong():
+    """pytorch#196678: cuDNN SDPA backward gives NaN at sequence length 64 mod 128 with a mask; never build one."""
+    from talkmethods.trainer import CUDNN_NAN_WIDTH, group_by_length
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        n = 16
+        p_len = torch.randint(1, 200, (n,), generator=g)
+        c_len = torch.randint(1, 100, (n,), generator=g)
+        if trial == 0:  # one row is the widest prompt and completion
+            p_len[:] = 1
+            c_len[:] = 1
+            p_len[0], c_len[0] = 200, 120  # 320 = 64 mod 128
+        width_p, width_c = int(p_len.max()), int(c_len.max())
+        prompt_mask = torch.stack([torch.arange(width_p) >= width_p - k for k in p_len]).long()
+        completion_mask = torch.stack([torch.arange(width_c) < k for k in c_len]).long()
+        batch = {"prompt_ids": prompt_mask * 7, "prompt_mask": prompt_mask, "completion_ids": completion_mask * 9,
+                 "completion_mask": completion_mask, "advantages": torch.arange(n, dtype=torch.float32)}
+        parts = group_by_length(batch, 4)
+        for part in parts:
+            width = part["prompt_ids"].size(1) + part["completion_ids"].size(1)
+            assert width % CUDNN_NAN_WIDTH[0] != CUDNN_NAN_WIDTH[1], width
+            assert part["prompt_ids"].shape == part["prompt_mask"].shape
+            for i, a in enumerate(part["advantages"].long().tolist()):  # each row still its own tokens
+                assert int(part["prompt_mask"][i].sum()) == p_len[a] and int(part["completion_mask"][i].sum()) == c_len[a]
+        if trial == 0:
+            assert max(p["prompt_ids"].size(1) for p in parts) == 201, "the 320-wide micro-batch got one more pad column"

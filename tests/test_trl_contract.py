@@ -26,6 +26,7 @@ from talkmethods.trainer import TrainConfig, build_trainer
 
 TRL_PIN, PEFT_PIN, TRANSFORMERS_PIN = "1.16.0", "0.21.2", "5.23.0"
 BASE_KEYS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch"}
+OUR_KEYS = BASE_KEYS | {"tool_mask"}  # TRL's own key for completion tokens outside the loss (packed seat rows)
 
 
 def src(obj) -> str:
@@ -95,6 +96,17 @@ def test_loss_scores_through_get_per_token_logps_and_entropies():
         f"trl=={TRL_PIN} pinned; _compute_loss no longer scores the completion through "
         "_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...)")
     assert "logits_to_keep = completion_ids.size(1)" in s
+
+
+def test_loss_skips_tool_mask_tokens_and_attends_them():
+    """Packed seat rows rely on it: ``completion_mask`` is attended, ``tool_mask`` zeroes tokens out of the loss."""
+    s = src(GRPOTrainer._compute_loss)
+    assert 'attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)' in s, (
+        f"trl=={TRL_PIN} pinned; _compute_loss no longer attends every completion_mask token")
+    assert 'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]' in s, (
+        f"trl=={TRL_PIN} pinned; _compute_loss no longer multiplies the loss mask by inputs['tool_mask']")
+    assert re.search(r'normalizer = inputs\["num_items_in_batch"\]', s) and "(per_token_loss * mask).sum() / normalizer" in s, (
+        f"trl=={TRL_PIN} pinned; dapo no longer sums the masked tokens over num_items_in_batch")
 
 
 def test_log_merges_the_metrics_dict():
@@ -246,7 +258,7 @@ def test_our_batch_has_exactly_the_base_keys(built):
     assert all(len({row["id"] for row in batch[4 * k: 4 * k + 4]}) == 1 for k in range(8))
     trainer.model.train()  # as inside trainer.train()
     out = trainer._generate_and_score_completions(batch)
-    assert set(out) == BASE_KEYS
+    assert set(out) == OUR_KEYS
     n = out["completion_ids"].shape[0]
     assert n == 96 == trainer.last_rows  # mixed: 8 x (2 x 4 + 2 x 2)
     assert out["advantages"].shape == (n,) and out["advantages"].dtype == torch.float32
