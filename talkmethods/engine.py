@@ -32,7 +32,7 @@ def sample_with_logprob(logits: torch.Tensor, temperature: float, top_k: int, to
 def pick_token(scaled: torch.Tensor, top_k: int, top_p: float, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF pick from temperature-scaled logits, top-k first, then top-p; ``u``: (B,) uniforms."""
     if top_k and top_k < scaled.size(-1):
-        vals, idx = torch.topk(scaled, top_k, dim=-1)  # (B, k), sorted descending
+        vals, idx = top_k_of(scaled, top_k)  # (B, k), sorted descending
         probs = torch.softmax(vals, dim=-1)
         if top_p < 1.0:
             probs = _nucleus(probs, top_p)
@@ -42,6 +42,25 @@ def pick_token(scaled: torch.Tensor, top_k: int, top_p: float, u: torch.Tensor) 
         sp, si = torch.sort(probs, dim=-1, descending=True)
         return si.gather(-1, _inverse_cdf(_nucleus(sp, top_p), u))[:, 0]
     return _inverse_cdf(probs, u)[:, 0]
+
+
+def top_k_of(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(x, k)`` (sorted) for wide rows, through the ``k`` blocks of 128 with the largest maxima.
+
+    Each of the ``k`` largest values is its block's maximum or below it, and a block whose maximum
+    is not among the ``k`` largest block maxima holds none of them; so the answer lies in those ``k``
+    blocks and one small ``topk`` over their ``128·k`` values finds it. A flat ``topk`` over 151,936
+    columns costs ~5 ms a decode step at batch 600 on an H200; this is one max-reduction pass.
+    """
+    n, width = x.shape
+    if width <= 4 * k * CDF_BLOCK:
+        return torch.topk(x, k, dim=-1)
+    pad = -width % CDF_BLOCK
+    blocks = (F.pad(x, (0, pad), value=float("-inf")) if pad else x).view(n, -1, CDF_BLOCK)
+    best = blocks.amax(-1).topk(k, dim=-1).indices  # (B, k) blocks
+    cand = blocks.gather(1, best[:, :, None].expand(-1, -1, CDF_BLOCK)).view(n, -1)  # (B, k·128)
+    vals, j = cand.topk(k, dim=-1)
+    return vals, best.gather(-1, j // CDF_BLOCK) * CDF_BLOCK + j % CDF_BLOCK
 
 
 def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:

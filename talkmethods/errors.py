@@ -9,7 +9,8 @@ from contextlib import contextmanager
 OOM_HINT = (
     "GPU out of memory. Lower, in config.yaml: train.problems_per_step (chats per step), "
     "train.max_new_tokens / eval.max_new_tokens (turn length), eval.batch_chats (chats per generate call), "
-    "or set train.gradient_checkpointing: true."
+    "raise train.micro_batches (rows per backward), set train.ada_draw_ahead: false (Reinforce-Ada's replay "
+    "rounds one batch at a time), or set train.gradient_checkpointing: true."
 )
 
 

@@ -8,14 +8,16 @@ What makes it fast (DESIGN §4), in the order it matters on a GPU:
   turns (mixed partners, base evals) run on a second fused copy without the adapter; PEFT's
   per-row adapter routing and ``disable_adapter`` are never on the hot path.
 * **Static KV cache, one CUDA graph per step.** The cache is allocated once per batch size; a
-  decode step (embed → 28 layers → sampling → cache write → stop flags) is one
-  ``torch.compile``'d function captured in a CUDA graph, so a step is one ``replay()`` with no host
-  work. Attention reads only the first ``S`` columns of the cache, ``S`` the turn's prompt width plus
-  ``max_new_tokens`` rounded up to 256, so short turns do not pay for the longest one.
+  decode step (embed → 28 layers → sampling → cache write → stop flags) is captured as one CUDA
+  graph, so a step is one ``replay()`` with no host work. One layer function is ``torch.compile``'d
+  and serves all 28 layers (seconds to compile, not minutes). Attention reads only the first ``S``
+  columns of the cache, ``S`` the turn's prompt width plus ``max_new_tokens`` rounded up to 256, so
+  short turns do not pay for the longest one. Its form is picked per batch (``attention="auto"``):
+  one fused SDPA kernel over the cache up to batch 256, two cuBLAS products above (measured).
 * **Sampling on the device** from uniforms drawn once per turn (inverse CDF, top-k before top-p,
-  the same rule as ``engine.pick_token``), and the per-token log-prob of every sampled token under
-  ``softmax(logits / T)``: the trainer compares it with its own (``train_log.jsonl``:
-  ``logp_diff_max``).
+  the same rule as ``engine.pick_token``, searched in 128-token blocks so no full-vocabulary scan
+  or sort runs), and the per-token log-prob of every sampled token under ``softmax(logits / T)``:
+  the trainer compares it with its own (``train_log.jsonl``: ``logp_diff_max``).
 
 On a CPU (tests, the offline default) the same maths runs eagerly, without compile or graphs.
 """
@@ -212,9 +214,9 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None):
             q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
             k_cache.index_copy_(2, col, k[:, :, None])
             v_cache.index_copy_(2, col, v[:, :, None])
-            return attend_c(x, q, blocked, k_cache, v_cache, o_w, post_norm, gu_w, down_w), k, v
+            return attend_c(x, q, blocked, k_cache, v_cache, o_w, post_norm, gu_w, down_w), None, None
 
-        layer_step.sees_own_column = True  # ``blocked`` must leave column ``col`` open
+        layer_step.sees_own_column = True  # ``blocked`` must leave column ``col`` open; the cache is written here
         return layer_step
 
     def fused(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
@@ -243,7 +245,8 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
     cache column, a uniform; ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
     (L, B, kv, S, d) views (columns ``>= col`` are ignored; the ``sdpa`` form writes column ``col``).
-    Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d), written into the cache by the caller.
+    Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d) for the caller to write into the cache
+    (``None`` when the layers wrote them, the ``sdpa`` form).
     """
     x = F.embedding(tok, w[-2])
     cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
@@ -253,10 +256,13 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     new_k, new_v = [], []
     for i in range(k_cache.size(0)):
         x, k, v = layer_step(x, cos[:, None], sin[:, None], blocked, col, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
-        new_k.append(k)
-        new_v.append(v)
+        if k is not None:
+            new_k.append(k)
+            new_v.append(v)
     logits = F.linear(_rms_norm(x, w[-3], eps), w[-1])
     nxt, logp = sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, u)
+    if not new_k:  # the layers wrote their K/V themselves
+        return nxt, logp, None, None
     return nxt, logp, torch.stack(new_k), torch.stack(new_v)
 
 
@@ -425,6 +431,8 @@ class FastGenerator(PlainGenerator):
         self.timing["decode_s"] += t2 - t1
         self.timing["decode_steps"] += t - 1
         self.timing["row_steps"] += (t - 1) * n
+        if not bool(slots.out_logp[:n].isfinite().all()):
+            raise FloatingPointError("the rollout sampled from non-finite logits: the policy weights hold NaN/inf")
         trimmed = self._trim(slots.out_tok[:n].cpu())
         lps = slots.out_logp[:n].tolist()
         return trimmed, [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
@@ -448,8 +456,9 @@ class FastGenerator(PlainGenerator):
         nxt, logp, k, v = decode_math(
             self._layer_for(slots.tok.size(0)), weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
             slots.col, slots.pad_start, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
-        slots.k.index_copy_(3, slots.col, k[:, :, :, None])
-        slots.v.index_copy_(3, slots.col, v[:, :, :, None])
+        if k is not None:
+            slots.k.index_copy_(3, slots.col, k[:, :, :, None])
+            slots.v.index_copy_(3, slots.col, v[:, :, :, None])
         slots.pos += 1
         slots.col += 1
         self._record(slots, nxt, logp)

@@ -101,3 +101,17 @@ def test_full_vocabulary_sampling_follows_the_softmax():
     assert counts.sum() > 3990
     assert torch.allclose(counts / counts.sum(), torch.softmax(torch.tensor([1.0, 0.0, 2.0]), -1), atol=0.03)
     assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [151_936, 151_937, 3000])
+def test_top_k_through_blocks_is_torch_topk(width):
+    from talkmethods.engine import top_k_of
+
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(24, width, generator=g)
+    x[0, :40] = 9.0 + torch.arange(40) * 0.01  # the top 20 crowd into one block
+    x[1, -3:] = 50.0 - torch.arange(3.0)  # in the last, partial block
+    for k in (1, 20):
+        want_v, want_i = torch.topk(x, k, dim=-1)
+        got_v, got_i = top_k_of(x, k)
+        assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i)

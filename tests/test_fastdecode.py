@@ -171,3 +171,13 @@ def test_non_qwen2_models_are_refused_with_a_hint(qwen_tokenizer):
                                          num_attention_heads=2, num_key_value_heads=1))
     with pytest.raises(ValueError, match="engine to loop"):
         FastGenerator(model, qwen_tokenizer)
+
+
+def test_a_policy_with_nan_weights_stops_the_rollout(qwen_tokenizer):
+    """A NaN gradient that reached the adapter must end the run, not feed it noise (see trainer.CUDNN_NAN_WIDTH)."""
+    model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32).eval()
+    gen = FastGenerator(model, qwen_tokenizer)
+    with torch.no_grad():
+        gen.weights[False].tensors[1].fill_(float("nan"))  # layer 0's fused q/k/v
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        gen.generate(_prompts(qwen_tokenizer, 2), [False, False], Sampling(max_new_tokens=4))
