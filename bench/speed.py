@@ -232,7 +232,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from talkmethods.trainer import TrainConfig, build_trainer, group_by_length
+    from talkmethods.trainer import WIDTH_STEP, TrainConfig, build_trainer, group_by_length
 
     cfg = TrainConfig(arm="raft", seed=17, model=spec, steps=1, sampling=Sampling(max_new_tokens=args.turn_tokens),
                       save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
@@ -245,7 +245,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     inputs = [trainer.train_dataset[i] for i in range(args.problems_per_step) for _ in range(g)]
     batch = trainer._generate_and_score_completions(inputs)
     n_items = batch.pop("num_items_in_batch")
-    parts = group_by_length(batch, args.micro_batches)
+    parts = group_by_length(batch, args.micro_batches, WIDTH_STEP if device.type == "cuda" else 1)  # as the trainer
 
     def step():
         for mb in parts:
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     args.prompt_tokens = 48 if q else 512
     args.baseline_tokens = 8 if q else 64
     args.guard_tokens = 8 if q else 48
-    args.steps = 2 if q else 3
+    args.steps = 2 if q else 4
     args.micro_batches = 1 if q else 8
     args.problems_per_step = 2 if q else 8
     args.lora_r = 4 if q else 32

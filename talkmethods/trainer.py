@@ -286,7 +286,8 @@ class TalkTrainer(GRPOTrainer):
         if fresh and self.group_rows:
             rows = {k: torch.cat([b[k] for b in self._buffered_inputs]) if k in ROW_KEYS else v
                     for k, v in self._buffered_inputs[0].items()}
-            self._buffered_inputs = group_by_length(rows, spg)
+            step = WIDTH_STEP if self.accelerator.device.type == "cuda" else 1
+            self._buffered_inputs = group_by_length(rows, spg, step)
             m = self._metrics["train"]
             m["talk/loss_tokens"].append(float(rows["prompt_mask"].sum() + rows["completion_mask"].sum()))
             m["talk/loss_tokens_padded"].append(float(sum(b["prompt_ids"].numel() + b["completion_ids"].numel()
@@ -354,11 +355,24 @@ ROW_KEYS = {"prompt_ids": "prompt", "prompt_mask": "prompt", "completion_ids": "
 
 # pytorch#196678: on H100/H200 with torch 2.11, cuDNN's SDPA backward (the default with a padding mask)
 # returns NaN dQ when the sequence length is 64 mod 128 and a query row is fully masked (a left pad),
-# and one NaN gradient poisons the adapter. A micro-batch never has that width (one more pad column).
+# and one NaN gradient poisons the adapter (seen once in a GPU bench run). No micro-batch has that width.
 CUDNN_NAN_WIDTH = (128, 64)
+WIDTH_STEP = 32  # micro-batch widths are multiples of this: cuDNN builds one attention plan per shape
 
 
-def group_by_length(batch: dict[str, torch.Tensor], chunks: int) -> list[dict[str, torch.Tensor]]:
+def micro_batch_width(width: int, step: int = 1) -> int:
+    """``width`` rounded up to a multiple of ``step`` that is not 64 mod 128 (``CUDNN_NAN_WIDTH``).
+
+    On a GPU ``step`` is ``WIDTH_STEP``: fewer distinct shapes, so cuDNN's per-shape attention plans
+    are built in a run's first steps and reused after (~1.5% more padding on ~1,000-token rows).
+    """
+    width = -(-width // step) * step
+    if width % CUDNN_NAN_WIDTH[0] == CUDNN_NAN_WIDTH[1]:
+        width += step
+    return width
+
+
+def group_by_length(batch: dict[str, torch.Tensor], chunks: int, width_step: int = 1) -> list[dict[str, torch.Tensor]]:
     """Split a generation batch into ``chunks`` micro-batches of rows of similar length, each trimmed.
 
     TRL splits the shuffled batch into equal row counts, each padded to the longest row of the
@@ -381,8 +395,7 @@ def group_by_length(batch: dict[str, torch.Tensor], chunks: int) -> list[dict[st
         rows = order[a:b]
         keep_p = max(int(p_len[rows].max()), 1)
         keep_c = max(int(c_len[rows].max()), 1)
-        if (keep_p + keep_c) % CUDNN_NAN_WIDTH[0] == CUDNN_NAN_WIDTH[1]:
-            keep_p += 1  # one more left-pad column: see CUDNN_NAN_WIDTH
+        keep_p += micro_batch_width(keep_p + keep_c, width_step) - (keep_p + keep_c)  # more left-pad columns
         part = {}
         for key, value in batch.items():
             kind = ROW_KEYS.get(key)

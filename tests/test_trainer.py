@@ -459,7 +459,7 @@ def test_rollout_and_trainer_logprobs_agree_and_the_check_catches_stale_weights(
 
 def test_no_micro_batch_has_the_width_cudnn_gets_wrong():
     """pytorch#196678: cuDNN SDPA backward gives NaN at sequence length 64 mod 128 with a mask; never build one."""
-    from talkmethods.trainer import CUDNN_NAN_WIDTH, group_by_length
+    from talkmethods.trainer import CUDNN_NAN_WIDTH, WIDTH_STEP, group_by_length
 
     g = torch.Generator().manual_seed(0)
     for trial in range(40):
@@ -475,12 +475,16 @@ def test_no_micro_batch_has_the_width_cudnn_gets_wrong():
         completion_mask = torch.stack([torch.arange(width_c) < k for k in c_len]).long()
         batch = {"prompt_ids": prompt_mask * 7, "prompt_mask": prompt_mask, "completion_ids": completion_mask * 9,
                  "completion_mask": completion_mask, "advantages": torch.arange(n, dtype=torch.float32)}
-        parts = group_by_length(batch, 4)
-        for part in parts:
+        parts = group_by_length(batch, 4, WIDTH_STEP)  # as on a GPU
+        for part in parts + group_by_length(batch, 4):
             width = part["prompt_ids"].size(1) + part["completion_ids"].size(1)
             assert width % CUDNN_NAN_WIDTH[0] != CUDNN_NAN_WIDTH[1], width
+            need = int(part["prompt_mask"].sum(1).max() + part["completion_mask"].sum(1).max())
+            assert 0 <= width - need < 2 * WIDTH_STEP, "no more padding than the rounding needs"
             assert part["prompt_ids"].shape == part["prompt_mask"].shape
             for i, a in enumerate(part["advantages"].long().tolist()):  # each row still its own tokens
                 assert int(part["prompt_mask"][i].sum()) == p_len[a] and int(part["completion_mask"][i].sum()) == c_len[a]
+        assert all((p["prompt_ids"].size(1) + p["completion_ids"].size(1)) % WIDTH_STEP == 0 for p in parts)
         if trial == 0:
-            assert max(p["prompt_ids"].size(1) for p in parts) == 201, "the 320-wide micro-batch got one more pad column"
+            assert max(p["prompt_ids"].size(1) for p in parts) == 200 + 32, "320 wide (64 mod 128) became 352"
+            assert max(p["prompt_ids"].size(1) for p in group_by_length(batch, 4)) == 201, "or 321 without rounding"
