@@ -204,19 +204,19 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None):
         return _mlp_residual(x, post_norm, gu_w, down_w, eps)
 
     if attention == "sdpa":
-        def attend(x, q, blocked, k_cache, v_cache, o_w, post_norm, gu_w, down_w):
-            att = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=~blocked, scale=scale)
+        def attend(x, q, allowed, k_cache, v_cache, o_w, post_norm, gu_w, down_w):
+            att = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=allowed, scale=scale)
             return finish(x, att, o_w, post_norm, gu_w, down_w)
 
         project_c, attend_c = wrap(project), wrap(attend)
 
-        def layer_step(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        def layer_step(x, cos, sin, allowed, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
             q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
             k_cache.index_copy_(2, col, k[:, :, None])
             v_cache.index_copy_(2, col, v[:, :, None])
-            return attend_c(x, q, blocked, k_cache, v_cache, o_w, post_norm, gu_w, down_w), None, None
+            return attend_c(x, q, allowed, k_cache, v_cache, o_w, post_norm, gu_w, down_w), None, None
 
-        layer_step.sees_own_column = True  # ``blocked`` must leave column ``col`` open; the cache is written here
+        layer_step.sees_own_column = True  # takes the columns it may see (``col`` included); writes the cache
         return layer_step
 
     def fused(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
@@ -251,11 +251,12 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     x = F.embedding(tok, w[-2])
     cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
     cols = torch.arange(k_cache.size(3), device=tok.device)
-    end = col + 1 if getattr(layer_step, "sees_own_column", False) else col
-    blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= end))[:, None, None, :]
+    own = getattr(layer_step, "sees_own_column", False)
+    blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= (col + 1 if own else col)))[:, None, None, :]
+    mask = ~blocked if own else blocked  # the sdpa form takes the columns it may see (inverted once a step)
     new_k, new_v = [], []
     for i in range(k_cache.size(0)):
-        x, k, v = layer_step(x, cos[:, None], sin[:, None], blocked, col, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
+        x, k, v = layer_step(x, cos[:, None], sin[:, None], mask, col, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
         if k is not None:
             new_k.append(k)
             new_v.append(v)
