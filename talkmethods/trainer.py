@@ -388,6 +388,8 @@ def group_by_length(batch: dict[str, torch.Tensor], chunks: int, width_step: int
     p_len = batch["prompt_mask"].sum(1)
     c_len = batch["completion_mask"].sum(1)
     order = torch.argsort(p_len + c_len, stable=True)
+    if int((c_len > 0).sum()) >= chunks:  # the empty filler rows (no loss tokens) only add padding: drop them
+        order = order[c_len[order] > 0]
     lengths = (p_len + c_len)[order].tolist()
     bounds = _balanced_cuts([max(n, 1) for n in lengths], chunks)
     out = []

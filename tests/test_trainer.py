@@ -457,6 +457,20 @@ def test_rollout_and_trainer_logprobs_agree_and_the_check_catches_stale_weights(
     assert stale[1]["logp_diff_max"] > 1e-2, "after it, sampling from stale weights shows in the check"
 
 
+def test_empty_filler_rows_are_dropped_before_grouping():
+    """Rows padded in so TRL can split the batch evenly carry no loss token; grouping leaves them out."""
+    from talkmethods.trainer import group_by_length
+
+    p_len, c_len = [5, 6, 7, 8, 9, 0, 0, 0], [3, 3, 4, 4, 5, 0, 0, 0]
+    prompt_mask = torch.tensor([[0] * (9 - k) + [1] * k for k in p_len])
+    completion_mask = torch.tensor([[1] * k + [0] * (5 - k) for k in c_len])
+    batch = {"prompt_ids": prompt_mask * 7, "prompt_mask": prompt_mask, "completion_ids": completion_mask * 9,
+             "completion_mask": completion_mask, "advantages": torch.arange(8, dtype=torch.float32)}
+    parts = group_by_length(batch, 4)
+    assert sorted(a for part in parts for a in part["advantages"].tolist()) == [0, 1, 2, 3, 4]
+    assert sum(int(part["completion_mask"].sum()) for part in parts) == sum(c_len)
+
+
 def test_no_micro_batch_has_the_width_cudnn_gets_wrong():
     """pytorch#196678: cuDNN SDPA backward gives NaN at sequence length 64 mod 128 with a mask; never build one."""
     from talkmethods.trainer import CUDNN_NAN_WIDTH, WIDTH_STEP, group_by_length
