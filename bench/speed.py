@@ -378,11 +378,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
     ap.add_argument("--ada-rounds", dest="ada_draw_ahead", action="store_false",
                     help="Reinforce-Ada replays round by round (default: every round drawn ahead, as config.yaml)")
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms of the arms section")
     ap.add_argument("--no-pack", dest="pack_seats", action="store_false",
                     help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)")
     args = ap.parse_args(argv)
     q = args.quick
-    args.arms = list(ARMS)
+    args.arms = args.arms.split(",")
     args.batches = [int(b) for b in args.batches.split(",")] if args.batches else ([4, 8] if q else [32, 600])
     args.attention = args.attention.split(",")
     args.turn_tokens = 8 if q else 256

@@ -483,6 +483,9 @@ class FastGenerator(PlainGenerator):
         if slots is None or slots.columns < columns or slots.steps < steps:
             if slots is not None:  # grown: graphs over the old buffers are stale
                 self._graphs = {k: g for k, g in self._graphs.items() if k[0] != rows}
+                # new captures take a fresh pool: capturing into a pool whose graphs are all gone trips
+                # the caching allocator's assert (use_count > 0) when any of its blocks is still alive
+                self._pool = None
                 del self._slots[rows]
                 slots = None
                 if self.device.type == "cuda":
