@@ -2,7 +2,7 @@
 
 ``TalkTrainer`` is GRPOTrainer with one seam replaced: ``_generate_and_score_completions`` plays the
 4-turn chats, applies the arm's credit rule and returns one row per trained turn with its chat's
-advantage. TRL keeps the loss (``dapo``: token sum over the generation batch), the optimizer loop,
+advantage (or per seat, its two trained turns packed: ``to_rows``). TRL keeps the loss (``dapo``: token sum over the generation batch), the optimizer loop,
 logging, checkpoints and LoRA (through ``peft_config``).
 """
 
@@ -187,8 +187,10 @@ def pad_rows(rows: list[Row], pad_id: int, device) -> dict[str, torch.Tensor]:
 class TalkTrainer(GRPOTrainer):
     """GRPOTrainer for two seats that talk.
 
-    The only change w.r.t. GRPOTrainer is ``_generate_and_score_completions``: it runs the arm's
-    4-turn rollouts (Reinforce-Ada's replays included) and returns one row per trained turn.
+    The seam is ``_generate_and_score_completions``: it runs the arm's 4-turn rollouts (Reinforce-Ada's
+    replays included) and returns the loss rows. Around TRL's loss, thin wrappers re-split each batch
+    by length (``_prepare_inputs``), skip PEFT's LoRA input casts and compare the rollout's log-probs
+    with the loss's own (``compute_loss``, ``_get_per_token_logps_and_entropies``, ``log``).
     """
 
     def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3, ada_draw_ahead: bool = False,
