@@ -302,10 +302,12 @@ class TalkTrainer(GRPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._rollout_logps = inputs.get("rollout_logps")
         self._scored = inputs.get("tool_mask")
+        hook = model.register_forward_pre_hook(_unscored_labels_hook(self._scored), with_kwargs=True)
         try:
             with lora_inputs_uncast(model, self.args.bf16):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
+            hook.remove()
             self._rollout_logps = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
@@ -336,6 +338,27 @@ class TalkTrainer(GRPOTrainer):
                             "engine may be sampling from other weights than the ones being trained", d["max"], LOGP_TOLERANCE)
             self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
         super().log(logs, start_time)
+
+
+def _unscored_labels_hook(scored: torch.Tensor | None):
+    """A forward pre-hook: the partner's reply inside a packed row gets label -100, so it is not scored.
+
+    TRL labels every attended completion token and its fused LM head projects every labelled
+    position onto the 151,936-token vocabulary; the reply's positions are attended but outside the
+    loss (``tool_mask`` 0), so projecting them only costs (a third of the head's work in a packed
+    step). Their log-probs come back 0 and the loss masks them either way.
+    """
+
+    def hook(module, args, kwargs):
+        labels = kwargs.get("labels")
+        if scored is None or labels is None or not kwargs.get("fused_lm_head") or labels.size(0) != scored.size(0):
+            return None
+        labels = labels.clone()
+        labels[:, labels.size(1) - scored.size(1) :].masked_fill_(scored == 0, -100)
+        kwargs["labels"] = labels
+        return args, kwargs
+
+    return hook
 
 
 def lora_inputs_uncast(model, autocast_bf16: bool):

@@ -502,3 +502,16 @@ def test_no_micro_batch_has_the_width_cudnn_gets_wrong():
         if trial == 0:
             assert max(p["prompt_ids"].size(1) for p in parts) == 200 + 32, "320 wide (64 mod 128) became 352"
             assert max(p["prompt_ids"].size(1) for p in group_by_length(batch, 4)) == 201, "or 321 without rounding"
+
+
+def test_the_partner_reply_in_a_packed_row_is_not_scored():
+    """The labels TRL's fused head scores lose the reply's positions (tool_mask 0); nothing else changes."""
+    from talkmethods.trainer import _unscored_labels_hook
+
+    labels = torch.tensor([[-100, 5, 6, 7, 8, 9, 10], [-100, -100, 5, 6, 7, -100, -100]])
+    scored = torch.tensor([[1, 0, 0, 1, 1], [1, 1, 0, 0, 0]])  # the last 5 columns are the completion
+    args, kwargs = _unscored_labels_hook(scored)(None, (), {"labels": labels, "fused_lm_head": True})
+    assert kwargs["labels"].tolist() == [[-100, 5, 6, -100, -100, 9, 10], [-100, -100, 5, 6, -100, -100, -100]]
+    assert labels[0, 3] == 7, "the caller's labels are not changed in place"
+    assert _unscored_labels_hook(scored)(None, (), {"labels": labels}) is None, "only the fused-head loss call"
+    assert _unscored_labels_hook(None)(None, (), {"labels": labels, "fused_lm_head": True}) is None

@@ -98,6 +98,18 @@ def test_loss_scores_through_get_per_token_logps_and_entropies():
     assert "logits_to_keep = completion_ids.size(1)" in s
 
 
+def test_logps_come_from_the_fused_head_with_labels_as_a_keyword():
+    """``_unscored_labels_hook`` rewrites the ``labels`` keyword of this one model call."""
+    import trl.trainer.utils as trl_utils
+
+    s = src(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "outputs = model(**model_inputs, labels=labels, fused_lm_head=True)" in s, (
+        f"trl=={TRL_PIN} pinned; _get_per_token_logps_and_entropies no longer calls model(..., labels=labels, fused_lm_head=True)")
+    assert "labels[:, :-logits_to_keep] = -100" in s
+    assert "mask = labels != -100" in src(trl_utils.add_fused_lm_head), (
+        f"trl=={TRL_PIN} pinned; the fused LM head no longer skips positions labelled -100")
+
+
 def test_loss_skips_tool_mask_tokens_and_attends_them():
     """Packed seat rows rely on it: ``completion_mask`` is attended, ``tool_mask`` zeroes tokens out of the loss."""
     s = src(GRPOTrainer._compute_loss)
