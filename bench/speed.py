@@ -223,6 +223,16 @@ def _kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
 
+def _train_config(arm: str, spec: ModelSpec, args, steps: int):
+    """The recipe's training settings for ``arm`` at the bench's sizes, on the fast engine."""
+    from talkmethods.trainer import TrainConfig
+
+    return TrainConfig(arm=arm, seed=17, model=spec, steps=steps, sampling=Sampling(max_new_tokens=args.turn_tokens),
+                       save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
+                       lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step,
+                       ada_draw_ahead=args.ada_draw_ahead, pack_seats=args.pack_seats)
+
+
 def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     """Where a training step's GPU time goes: one real raft generation batch, its loss and backward.
 
@@ -232,12 +242,10 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from talkmethods.trainer import WIDTH_STEP, TrainConfig, build_trainer, group_by_length
+    from talkmethods.trainer import build_trainer, group_by_length, width_step_for
 
-    cfg = TrainConfig(arm="raft", seed=17, model=spec, steps=1, sampling=Sampling(max_new_tokens=args.turn_tokens),
-                      save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
-                      lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step, pack_seats=args.pack_seats)
-    trainer = build_trainer(cfg, problems, out / "work_profile", generator_factory=ENGINES["fast"])
+    trainer = build_trainer(_train_config("raft", spec, args, steps=1), problems, out / "work_profile",
+                            generator_factory=ENGINES["fast"])
     model = trainer.model
     model.train()
     trainer.current_gradient_accumulation_steps = args.micro_batches  # what Trainer's loop sets before a step
@@ -245,7 +253,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     inputs = [trainer.train_dataset[i] for i in range(args.problems_per_step) for _ in range(g)]
     batch = trainer._generate_and_score_completions(inputs)
     n_items = batch.pop("num_items_in_batch")
-    parts = group_by_length(batch, args.micro_batches, WIDTH_STEP if device.type == "cuda" else 1)  # as the trainer
+    parts = group_by_length(batch, args.micro_batches, width_step_for(device))  # as the trainer
 
     def step():
         for mb in parts:
@@ -282,14 +290,11 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
 
 def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
     """A few real recipe steps of every arm on the fast engine."""
-    from talkmethods.trainer import StepLog, TrainConfig, build_trainer
+    from talkmethods.trainer import StepLog, build_trainer
 
     rows = []
     for arm in args.arms:
-        cfg = TrainConfig(arm=arm, seed=17, model=spec, steps=args.steps, sampling=Sampling(max_new_tokens=args.turn_tokens),
-                          save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
-                          lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step,
-                          ada_draw_ahead=args.ada_draw_ahead, pack_seats=args.pack_seats)
+        cfg = _train_config(arm, spec, args, steps=args.steps)
         log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
         log_path.unlink(missing_ok=True)
         trainer = build_trainer(cfg, problems, out / f"work_{arm}", callbacks=[StepLog(log_path)],

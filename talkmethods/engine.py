@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from talkmethods.rollout import BASE_ADAPTER, PlainGenerator, Sampling
 
+CDF_BLOCK = 128  # long rows are searched in blocks: the inverse CDF and the top-k (see below)
 
 def sample_with_logprob(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                         u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +68,6 @@ def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero the tail of descending ``sorted_probs`` outside the smallest set with mass >= top_p."""
     before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
     return sorted_probs.masked_fill(before >= top_p, 0.0)
-
-
-CDF_BLOCK = 128  # a long row's inverse CDF runs over block sums, then inside one block
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
