@@ -10,10 +10,11 @@ JOBS ?= 2
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 
-# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. Triton (not a
+# dependency of the CPU build) lets the tests run the GPU decode-attention kernel in its interpreter.
+$(VENV)/.installed: pyproject.toml Makefile | $(BIN)/activate
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q torch==2.13.0 triton==3.9.0
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 

@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from talkmethods import decode_attention as da  # noqa: E402
 from talkmethods.atomic import write_json  # noqa: E402
 from talkmethods.engine import ENGINES  # noqa: E402
 from talkmethods.fastdecode import FastGenerator, batch_bucket  # noqa: E402
@@ -106,13 +107,29 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
                 lp = model(ids).logits[0, len(prompts[i]) - 1 : -1].float().log_softmax(-1)
             ref = lp.gather(-1, torch.tensor(got[i], device=device)[:, None])[:, 0].cpu()
             worst = max(worst, (ref - torch.tensor(got_logprobs[i])).abs().max().item())
+    kernel = _kernel_check(device, model.config) if da.available(device) else None
     out = {"rows": len(prompts), "tokens_per_row": args.guard_tokens, "identical": got == plain,
+           "decode_attention_bf16_max_abs_diff": kernel,
            "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
            "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
            "logp_max_abs_diff_fp32": worst, "graphs": fast.graphs, "attention": args.attention[0]}
     del model, fast
     _free()
     return out
+
+
+def _kernel_check(device, cfg) -> float:
+    """The Triton decode attention in bf16 at the model's shapes (batch 32, 700 of 1024 columns) against fp32 softmax."""
+    kv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    g = cfg.num_attention_heads // kv
+    gen = torch.Generator(device=device).manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(torch.bfloat16)  # noqa: E731
+    q, kn, vn, kc, vc = r(32, kv, g, d), r(32, kv, d), r(32, kv, d), r(32, kv, 1024, d), r(32, kv, 1024, d)
+    pad = torch.randint(0, 300, (32,), generator=gen, device=device)
+    want = da.reference(q.cpu(), kn.cpu(), vn.cpu(), kc.cpu(), vc.cpu(), pad.cpu(), 700, d ** -0.5)
+    acc, ml = da.decode_attention(q, kn, vn, kc, vc, pad, torch.tensor([700], device=device), d ** -0.5,
+                                  da.split_count(32, kv, 1024, 132))
+    return (da.merge_splits(acc, ml, torch.float32).cpu() - want).abs().max().item()
 
 
 def _free():
@@ -378,12 +395,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,decode,arms,eval,profile,train_profile")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
     ap.add_argument("--attention", default="auto",
-                    help="comma-separated attention forms of the decode section (auto, matmul, vt, reduce, sdpa); the first "
+                    help="comma-separated attention forms of the decode section (auto, matmul, vt, reduce, sdpa, triton); the first "
                          "one also serves the guard and the profile")
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
     ap.add_argument("--ada-rounds", dest="ada_draw_ahead", action="store_false",
                     help="Reinforce-Ada replays round by round (default: every round drawn ahead, as config.yaml)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms of the arms section")
+    ap.add_argument("--micro-batches", type=int, default=None,
+                    help="micro-batches a training step is split into (default 8, as config.yaml)")
     ap.add_argument("--no-pack", dest="pack_seats", action="store_false",
                     help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)")
     args = ap.parse_args(argv)
@@ -396,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     args.baseline_tokens = 8 if q else 64
     args.guard_tokens = 8 if q else 48
     args.steps = 2 if q else 4
-    args.micro_batches = 1 if q else 8
+    args.micro_batches = args.micro_batches or (1 if q else 8)
     args.problems_per_step = 2 if q else 8
     args.lora_r = 4 if q else 32
     args.eval_chats = 8 if q else 600
@@ -465,7 +484,9 @@ def table(res: dict) -> str:
         g = res["guard"]
         lines += [f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one batch): "
                   f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows); adapter changes output: "
-                  f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}", ""]
+                  f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}"
+                  + (f"; Triton decode attention in bf16 vs fp32 softmax: max |Δ| {g['decode_attention_bf16_max_abs_diff']:.1e}"
+                     if g.get("decode_attention_bf16_max_abs_diff") is not None else ""), ""]
     if "decode" in res:
         lines += ["| engine | batch | prompt | new tokens | ms / decode step | tokens/s | prefill s | turn s |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]

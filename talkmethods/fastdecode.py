@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from talkmethods import decode_attention as da
 from talkmethods.engine import sample_with_logprob
 from talkmethods.rollout import PlainGenerator, Sampling
 
@@ -171,10 +172,10 @@ def _rotate(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-ATTENTION_FORMS = ("matmul", "vt", "reduce", "sdpa")
+ATTENTION_FORMS = ("matmul", "vt", "reduce", "sdpa", "triton")
 
 
-def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None):
+def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms: int = 132):
     """One transformer layer for one new token per row; ``compile_fn`` (``torch.compile`` on a GPU) wraps its maths.
 
     ``x``: (B, H) hidden states; ``cos``/``sin``: (B, 1, d); ``blocked``: (B, 1, 1, S) cache columns a
@@ -184,8 +185,10 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None):
     Forms of the attention over the cache: ``matmul``/``vt``/``reduce`` read the cache without the
     new token and add its own score beside (no mutation inside the compiled code, which would copy
     the cache); ``sdpa`` writes the token's K/V first and runs one fused attention kernel over the
-    cache, so the layer is two compiled pieces around the write. With GQA the ``g`` query heads of a
-    KV head act as ``g`` query rows of that head, so no K/V is repeated.
+    cache, so the layer is two compiled pieces around the write; ``triton`` (GPU only) is one split-KV
+    kernel that writes the token's K/V and attends to the columns in use (``decode_attention``), between
+    the same two compiled pieces, and takes each row's first real column instead of a mask. With GQA
+    the ``g`` query heads of a KV head act as ``g`` query rows of that head, so no K/V is repeated.
     """
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"unknown attention form {attention!r}; one of {ATTENTION_FORMS}")
@@ -219,6 +222,24 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None):
         layer_step.sees_own_column = True  # takes the columns it may see (``col`` included); writes the cache
         return layer_step
 
+    if attention == "triton":
+        from talkmethods import decode_attention as da
+
+        def merge_finish(x, acc, ml, o_w, post_norm, gu_w, down_w):
+            return finish(x, da.merge_splits(acc, ml, x.dtype), o_w, post_norm, gu_w, down_w)
+
+        project_c, finish_c = wrap(project), wrap(merge_finish)
+
+        def layer_step(x, cos, sin, pad_start, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+            q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
+            splits = da.split_count(x.size(0), kv_heads, k_cache.size(2), sms)
+            acc, ml = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits)
+            return finish_c(x, acc, ml, o_w, post_norm, gu_w, down_w), None, None
+
+        layer_step.sees_own_column = True
+        layer_step.takes_pad_start = True  # no mask: the kernel reads columns [pad_start, col]
+        return layer_step
+
     def fused(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
         q, k, v = project(x, cos, sin, in_norm, qkv_w, qkv_b)
         past = torch.matmul(q, k_cache.transpose(-1, -2)).float() * scale  # (B, kv, g, S)
@@ -250,10 +271,13 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     """
     x = F.embedding(tok, w[-2])
     cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
-    cols = torch.arange(k_cache.size(3), device=tok.device)
     own = getattr(layer_step, "sees_own_column", False)
-    blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= (col + 1 if own else col)))[:, None, None, :]
-    mask = ~blocked if own else blocked  # the sdpa form takes the columns it may see (inverted once a step)
+    if getattr(layer_step, "takes_pad_start", False):
+        mask = pad_start
+    else:
+        cols = torch.arange(k_cache.size(3), device=tok.device)
+        blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= (col + 1 if own else col)))[:, None, None, :]
+        mask = ~blocked if own else blocked  # the sdpa form takes the columns it may see (inverted once a step)
     new_k, new_v = [], []
     for i in range(k_cache.size(0)):
         x, k, v = layer_step(x, cos[:, None], sin[:, None], mask, col, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
@@ -362,10 +386,18 @@ class FastGenerator(PlainGenerator):
         On an H200 (docs/speed_h200.md) one fused attention kernel (``sdpa``) is fastest at batch 32;
         at batch 600 the two cuBLAS products (``matmul``) are.
         """
-        form = self.attention if self.attention != "auto" else ("sdpa" if rows <= AUTO_SDPA_ROWS else "matmul")
+        form = self.attention if self.attention != "auto" else self._auto_form(rows)
+        if form == "triton" and not da.available(self.device):
+            raise ValueError("attention='triton' needs a CUDA device and the triton package")
         if form not in self._layers:
-            self._layers[form] = make_layer_step(self.arch, form, self._wrap)
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 132
+            self._layers[form] = make_layer_step(self.arch, form, self._wrap, sms)
         return self._layers[form]
+
+    def _auto_form(self, rows: int) -> str:
+        if da.available(self.device) and da.supports(self.arch.head_dim, self.arch.heads // self.arch.kv_heads):
+            return "triton"
+        return "sdpa" if rows <= AUTO_SDPA_ROWS else "matmul"
 
     def sync_weights(self) -> None:
         """Fold the adapter's current weights into the inference copy (after each optimizer step)."""

@@ -216,6 +216,7 @@ class TalkTrainer(GRPOTrainer):
         self._scored = None  # and which of its completion tokens are the seat's own (tool_mask)
         self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
         self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
+        self.lora_layers_fused = fuse_lora_adds(self.model)
 
     def _get_train_sampler(self, dataset=None):
         """TRL's RepeatSampler, resumable past the first epoch (see ``_replayable``)."""
@@ -372,6 +373,44 @@ def lora_inputs_uncast(model, autocast_bf16: bool):
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model, active=autocast_bf16)
+
+
+def _lora_forward(self, x, *args, **kwargs):
+    """PEFT's vanilla LoRA forward, ``base(x) + s·B(A(x))``, with the scaling applied to the r-wide
+    ``A(x)`` and the add fused into the B product (``addmm``): two full-width elementwise passes a layer
+    fewer, forward and backward. Anything but a plain single-adapter call goes to PEFT's own forward.
+    """
+    name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
+    if (args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A
+            or name in self.lora_variant or not isinstance(self.lora_dropout[name], torch.nn.Identity)):
+        return type(self).forward(self, x, *args, **kwargs)
+    result = self.base_layer(x)
+    h = self.lora_A[name](x) * self.scaling[name]
+    b = self.lora_B[name].weight
+    if not torch.is_autocast_enabled(x.device.type) and not (result.dtype == h.dtype == b.dtype):
+        return type(self).forward(self, x, *args, **kwargs)
+    flat = torch.addmm(result.reshape(-1, result.size(-1)), h.reshape(-1, h.size(-1)), b.t())
+    return flat.view(result.shape).to(result.dtype)
+
+
+def fuse_lora_adds(model) -> int:
+    """Give every vanilla LoRA linear layer of ``model`` the fused forward above; returns how many.
+
+    The same sum as PEFT's (its scaling, 2 in the recipe, is a power of two, so moving it is exact); the
+    fused add rounds once where PEFT rounds the LoRA product and then the sum, a bf16 ulp at most.
+    Measured on an H200, PEFT's scaling and add passes took ~0.24 s of a 128-row step.
+    """
+    from types import MethodType
+
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    n = 0
+    for module in model.modules():
+        if type(module) is LoraLinear and "forward" not in vars(module) and module.lora_B:
+            if all(m.bias is None for m in module.lora_B.values()):
+                module.forward = MethodType(_lora_forward, module)
+                n += 1
+    return n
 
 
 ROW_KEYS = {"prompt_ids": "prompt", "prompt_mask": "prompt", "completion_ids": "completion",

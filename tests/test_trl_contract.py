@@ -303,3 +303,45 @@ def test_lora_input_uncast_changes_no_number_under_bf16_autocast():
             got = model(ids).logits
     assert all(m.cast_input_dtype_enabled for m in lora)  # restored
     assert torch.equal(got, want)
+
+
+def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16():
+    """``fuse_lora_adds`` reads PEFT's LoRA internals (lora_A/B, scaling, lora_variant, lora_dropout,
+    active_adapters, merged, disable_adapters): same logits and gradients as PEFT's own forward."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from talkmethods.models import ModelSpec, load_model
+    from talkmethods.trainer import LORA_TARGETS, fuse_lora_adds
+
+    torch.manual_seed(0)
+    base = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
+    want_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS)))
+    with torch.no_grad():
+        for name, p in want_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    got_model = copy.deepcopy(want_model)
+    assert fuse_lora_adds(got_model) == len(LORA_TARGETS) * base.config.num_hidden_layers
+    assert fuse_lora_adds(got_model) == 0  # once only
+    ids = torch.randint(0, 1000, (2, 19))
+
+    def run(model, autocast: bool):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(ids).logits
+        logits.float().logsumexp(-1).sum().backward()
+        return logits.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want, want_grads = run(want_model, False)
+    got, got_grads = run(got_model, False)
+    assert torch.equal(got, want)  # the scaling (2) is a power of two: moving it is exact
+    assert want_grads.keys() == got_grads.keys() and len(want_grads) == 2 * len(LORA_TARGETS) * 2
+    for name in want_grads:
+        assert torch.allclose(got_grads[name], want_grads[name], rtol=1e-5, atol=1e-7), name
+    want, _ = run(want_model, True)
+    got, _ = run(got_model, True)
+    assert (got - want).abs().max().item() <= 2 * 2.0 ** -7 * want.abs().max().item()  # a bf16 ulp or two
+    with torch.no_grad(), got_model.disable_adapter():  # PEFT's own path: the adapter is off
+        assert torch.equal(got_model(ids).logits, base(ids).logits)

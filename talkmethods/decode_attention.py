@@ -1,0 +1,153 @@
+"""Decode-step attention over the static KV cache as one Triton kernel (split-KV, GQA-aware).
+
+One new token per row attends to the cache columns ``[pad_start, col)`` plus itself. The kernel
+also writes the token's K/V into column ``col``, so a layer's attention is one launch where the
+cuDNN form needed a cache write (two ``index_copy``), a mask conversion and the fused kernel, and
+it reads only the columns in use (the cuDNN form reads the whole 256-rounded bucket).
+
+Work is split over ``(row, kv head, split)`` programs: at batch 32 there are only 64 (row, head)
+pairs for 132 SMs, so each pair's columns are cut into ``splits`` chunks whose partial softmax
+results (running max, sum, weighted values) are merged afterwards (``merge_splits``, a few fused
+elementwise ops in the caller's compiled code). The ``g`` query heads sharing a KV head are the
+rows of one small matrix product, so no K/V is repeated.
+
+Only the GPU runs it; the tests run it under Triton's interpreter on the CPU
+(``TRITON_INTERPRET=1``), against the plain softmax attention.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only install: the engine then uses its torch attention forms
+    triton = None
+
+BLOCK_N = 64  # cache columns per inner iteration
+PROGRAMS_PER_SM = 4
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on ``device``: a GPU, or any device under Triton's interpreter (tests)."""
+    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def supports(head_dim: int, group: int) -> bool:
+    """Shapes the kernel handles: a power-of-two head dim of 16 or more, up to 64 query heads a KV head."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and group <= 64
+
+
+def split_count(rows: int, kv_heads: int, columns: int, sms: int) -> int:
+    """Chunks each (row, head)'s columns are cut into: enough programs to fill ``sms`` a few times over."""
+    pairs = rows * kv_heads
+    want = -(-PROGRAMS_PER_SM * sms // pairs)
+    return max(1, min(want, -(-columns // BLOCK_N)))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode_attention_kernel(
+        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, col_ptr, acc_ptr, ml_ptr,
+        s_qb, s_qh, s_qg, s_nb, s_nh, s_vb, s_vh, s_cb, s_ch, s_cs, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
+        chunk, scale,
+        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        col = tl.load(col_ptr)
+        lo = tl.maximum(tl.load(pad_ptr + b), s * chunk)
+        hi = tl.minimum(s * chunk + chunk, col)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        n = tl.arange(0, BLOCK)
+        q = tl.load(q_ptr + b * s_qb + h * s_qh + g[:, None] * s_qg + d[None, :], mask=g[:, None] < G, other=0.0)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        kc = kc_ptr + b * s_cb + h * s_ch
+        vc = vc_ptr + b * s_cb + h * s_ch
+        for start in range(lo, hi, BLOCK):
+            cols = start + n
+            ok = cols < hi
+            k = tl.load(kc + cols[:, None] * s_cs + d[None, :], mask=ok[:, None], other=0.0)
+            sc = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            sc = tl.where(ok[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 1))  # finite: every block holds a valid column
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            v = tl.load(vc + cols[:, None] * s_cs + d[None, :], mask=ok[:, None], other=0.0)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
+        if s == 0:  # the token itself, from the new K/V (no program reads column ``col`` from the cache)
+            kn = tl.load(kn_ptr + b * s_nb + h * s_nh + d)
+            vn = tl.load(vn_ptr + b * s_vb + h * s_vh + d)
+            own = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
+            m_new = tl.maximum(m_i, own)
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(own - m_new)
+            l_i = l_i * alpha + p
+            acc = acc * alpha[:, None] + p[:, None] * vn.to(tl.float32)[None, :]
+            m_i = m_new
+            tl.store(kc + col * s_cs + d, kn)
+            tl.store(vc + col * s_cs + d, vn)
+        out = acc_ptr + b * s_ab + h * s_ah + s * s_as
+        tl.store(out + g[:, None] * D + d[None, :], acc, mask=g[:, None] < G)
+        ml = ml_ptr + b * s_mb + h * s_mh + s * s_ms
+        tl.store(ml + g, m_i, mask=g < G)
+        tl.store(ml + G + g, l_i, mask=g < G)
+
+
+def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int):
+    """Partial attention of each split; ``merge_splits`` turns them into the output.
+
+    ``q``: (B, kv, g, d); ``k_new``/``v_new``: (B, kv, d), written into column ``col`` (a (1,)
+    long tensor) of ``k_cache``/``v_cache`` (B, kv, S, d, last dim contiguous); ``pad_start``:
+    (B,) each row's first real column. Returns ``acc`` (B, kv, splits, g, d) and ``ml`` (B, kv,
+    splits, 2, g): unnormalised weighted values, running max and sum (fp32).
+    """
+    n_rows, kv_heads, g, d = q.shape
+    columns = k_cache.size(2)
+    if any(t.stride(-1) != 1 for t in (q, k_new, v_new, k_cache)) or k_cache.stride() != v_cache.stride():
+        raise ValueError("decode_attention needs the head dimension contiguous and K/V caches of one layout")
+    chunk = -(-columns // splits)
+    chunk = -(-chunk // BLOCK_N) * BLOCK_N
+    acc = torch.empty(n_rows, kv_heads, splits, g, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(n_rows, kv_heads, splits, 2, g, dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(n_rows, kv_heads, splits)](
+        q, k_new, v_new, k_cache, v_cache, pad_start, col, acc, ml,
+        q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
+        chunk, scale, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK=BLOCK_N,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 (the guard) stays fp32, not TF32
+    )
+    return acc, ml
+
+
+def merge_splits(acc: torch.Tensor, ml: torch.Tensor, dtype) -> torch.Tensor:
+    """(B, kv, g, d) attention output from the splits' partial results (empty splits weigh 0)."""
+    m, l = ml[:, :, :, 0], ml[:, :, :, 1]
+    top = m.amax(2, keepdim=True)
+    w = torch.exp(m - top)  # exp(-inf) = 0 for a split with no columns
+    return ((acc * w[..., None]).sum(2) / (l * w).sum(2)[..., None]).to(dtype)
+
+
+def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float) -> torch.Tensor:
+    """The same attention in plain torch (fp32): the tests' yardstick."""
+    n_rows, kv_heads, g, d = q.shape
+    k = k_cache.float().clone()
+    v = v_cache.float().clone()
+    k[:, :, col] = k_new.float()
+    v[:, :, col] = v_new.float()
+    cols = torch.arange(k.size(2))
+    seen = (cols[None, :] >= pad_start[:, None]) & (cols[None, :] <= col)  # (B, S)
+    sc = torch.einsum("bhgd,bhsd->bhgs", q.float(), k) * scale
+    sc = sc.masked_fill(~seen[:, None, None, :], float("-inf"))
+    return torch.einsum("bhgs,bhsd->bhgd", torch.softmax(sc, -1), v)

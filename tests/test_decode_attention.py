@@ -1,0 +1,94 @@
+"""The Triton decode-attention kernel, run by Triton's interpreter on the CPU.
+
+The interpreter is switched on by ``TRITON_INTERPRET=1`` before ``triton`` is imported, so each
+check runs in a fresh interpreter process. It runs float32 only: the interpreter's ``tl.dot`` reads
+bfloat16 operands wrongly, so the bf16 kernel is checked on the GPU by ``bench/speed.py`` (guard).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+KERNEL_CHECK = """
+import torch
+from talkmethods import decode_attention as da
+torch.manual_seed(0)
+worst = 0.0
+# (rows, kv heads, group, head dim, cache columns, col, splits): several splits, one split, splits
+# past the last used column, a group that is not a power of two, a row whose past is empty
+for B, kv, g, d, S, col, splits in [(3, 2, 6, 128, 256, 200, 4), (2, 1, 4, 32, 128, 5, 3),
+                                    (4, 2, 6, 64, 192, 191, 1), (2, 2, 3, 16, 512, 70, 8)]:
+    q = torch.randn(B, kv, g, d)
+    qkv = torch.randn(B, 3 * kv * d)  # K/V as strided views of one projection, as in the engine
+    kn, vn = qkv[:, kv * d : 2 * kv * d].view(B, kv, d), qkv[:, 2 * kv * d :].view(B, kv, d)
+    kc, vc = torch.randn(B, kv, S + 64, d)[:, :, :S], torch.randn(B, kv, S + 64, d)[:, :, :S]
+    pad = torch.randint(0, col, (B,))
+    pad[0] = col
+    want = da.reference(q, kn, vn, kc, vc, pad, col, 0.125)
+    before = kc.clone()
+    acc, ml = da.decode_attention(q, kn, vn, kc, vc, pad, torch.tensor([col]), 0.125, splits)
+    got = da.merge_splits(acc, ml, torch.float32)
+    assert torch.equal(kc[:, :, col], kn) and torch.equal(vc[:, :, col], vn), "token K/V not written"
+    others = torch.ones(S, dtype=torch.bool)
+    others[col] = False
+    assert torch.equal(kc[:, :, others], before[:, :, others]), "other cache columns changed"
+    worst = max(worst, (got - want).abs().max().item())
+print("MAXDIFF", worst)
+"""
+
+ENGINE_CHECK = """
+import torch
+from tests.test_fastdecode import _lora, _prompts, GREEDY
+from talkmethods.fastdecode import FastGenerator
+from talkmethods.models import ModelSpec, load_model, load_tokenizer
+from talkmethods.rollout import PlainGenerator, Sampling
+torch.set_num_threads(1)
+tok = load_tokenizer(ModelSpec("offline-tiny-qwen2"))
+model = _lora(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32))
+prompts = _prompts(tok)
+on = [True, False] * 3
+want = PlainGenerator(model, tok).generate(prompts, on, GREEDY)
+fast = FastGenerator(model, tok, attention="triton")
+assert fast._auto_form(6) == "triton"
+got = fast.generate(prompts, on, GREEDY)
+ref = FastGenerator(model, tok, attention="sdpa")
+sampled = Sampling(max_new_tokens=12, temperature=1.0)
+torch.manual_seed(3); a = fast.generate(prompts, [True] * 6, sampled); la = fast.last_logprobs
+torch.manual_seed(3); b = ref.generate(prompts, [True] * 6, sampled); lb = ref.last_logprobs
+diff = max(abs(x - y) for r, s in zip(la, lb) for x, y in zip(r, s))
+print("GREEDY", got == want, "SAMPLED", a == b, "LOGPDIFF", diff)
+"""
+
+
+def _interpret(code: str) -> str:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                         timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_kernel_matches_softmax_attention_and_writes_only_the_token_column():
+    out = _interpret(KERNEL_CHECK)
+    assert float(out.split("MAXDIFF")[1]) < 1e-5, out
+
+
+def test_engine_with_the_kernel_gives_generate_tokens_and_the_same_samples():
+    out = _interpret(ENGINE_CHECK)
+    assert "GREEDY True SAMPLED True" in out, out
+    assert float(out.split("LOGPDIFF")[1]) < 1e-4, out
+
+
+def test_split_count_fills_the_gpu_and_never_exceeds_the_column_blocks():
+    from talkmethods.decode_attention import BLOCK_N, split_count
+
+    assert split_count(32, 2, 1024, 132) * 64 >= 4 * 132  # batch 32: enough programs for 132 SMs
+    assert split_count(640, 2, 1024, 132) == 1  # batch 640 fills the GPU by itself
+    assert split_count(1, 1, 100, 132) == -(-100 // BLOCK_N)
