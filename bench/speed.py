@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="Reinforce-Ada replays round by round (default: every round drawn ahead, as config.yaml)")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms of the arms section")
     ap.add_argument("--micro-batches", type=int, default=None,
-                    help="micro-batches a training step is split into (default 8, as config.yaml)")
+                    help="micro-batches a training step is split into (default 4, as config.yaml)")
     ap.add_argument("--no-pack", dest="pack_seats", action="store_false",
                     help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)")
     args = ap.parse_args(argv)
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     args.baseline_tokens = 8 if q else 64
     args.guard_tokens = 8 if q else 48
     args.steps = 2 if q else 4
-    args.micro_batches = args.micro_batches or (1 if q else 8)
+    args.micro_batches = args.micro_batches or (1 if q else 4)
     args.problems_per_step = 2 if q else 8
     args.lora_r = 4 if q else 32
     args.eval_chats = 8 if q else 600
