@@ -181,3 +181,11 @@ def test_a_policy_with_nan_weights_stops_the_rollout(qwen_tokenizer):
         gen.weights[False].tensors[1].fill_(float("nan"))  # layer 0's fused q/k/v
     with pytest.raises(FloatingPointError, match="non-finite"):
         gen.generate(_prompts(qwen_tokenizer, 2), [False, False], Sampling(max_new_tokens=4))
+
+
+def test_the_triton_attention_form_is_refused_off_the_gpu_with_a_reason(peft_model, qwen_tokenizer, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    fast = FastGenerator(peft_model, qwen_tokenizer, attention="triton")
+    assert fast._auto_form(6) in ("sdpa", "matmul")  # auto never picks the kernel on a CPU
+    with pytest.raises(ValueError, match="CUDA device"):
+        fast.generate(_prompts(qwen_tokenizer), [True] * 6, GREEDY)
