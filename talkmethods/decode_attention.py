@@ -7,9 +7,9 @@ it reads only the columns in use (the cuDNN form reads the whole 256-rounded buc
 
 Work is split over ``(row, kv head, split)`` programs: at batch 32 there are only 64 (row, head)
 pairs for 132 SMs, so each pair's columns are cut into ``splits`` chunks whose partial softmax
-results (running max, sum, weighted values) are merged afterwards (``merge_splits``, a few fused
-elementwise ops in the caller's compiled code). The ``g`` query heads sharing a KV head are the
-rows of one small matrix product, so no K/V is repeated.
+results (running max, sum, weighted values) go to memory; the program that finishes a (row, head)
+last (an atomic counter) merges them, so no second kernel runs. The ``g`` query heads sharing a
+KV head are the rows of one small matrix product, so no K/V is repeated.
 
 Only the GPU runs it; the tests run it under Triton's interpreter on the CPU
 (``TRITON_INTERPRET=1``), against the plain softmax attention.
@@ -48,14 +48,29 @@ def split_count(rows: int, kv_heads: int, columns: int, sms: int) -> int:
     return max(1, min(want, -(-columns // BLOCK_N)))
 
 
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counters(device, n_rows: int, kv_heads: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per (row, head): splits finished, set back to 0 by the merging one.
+
+    Kept for the life of the process: CUDA graphs hold their address.
+    """
+    key = (str(device), n_rows, kv_heads)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(n_rows * kv_heads, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
 if triton is not None:
 
     @triton.jit
     def _decode_attention_kernel(
-        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, col_ptr, acc_ptr, ml_ptr,
-        s_qb, s_qh, s_qg, s_nb, s_nh, s_vb, s_vh, s_cb, s_ch, s_cs, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
-        chunk, scale,
+        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, col_ptr, out_ptr, acc_ptr, ml_ptr, cnt_ptr,
+        s_qb, s_qh, s_qg, s_nb, s_nh, s_vb, s_vh, s_cb, s_ch, s_cs, s_ob, s_oh, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
+        chunk, scale, KV,
         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr,
+        SPLITS: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -66,7 +81,8 @@ if triton is not None:
         g = tl.arange(0, GP)
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK)
-        q = tl.load(q_ptr + b * s_qb + h * s_qh + g[:, None] * s_qg + d[None, :], mask=g[:, None] < G, other=0.0)
+        rows = g[:, None] < G
+        q = tl.load(q_ptr + b * s_qb + h * s_qh + g[:, None] * s_qg + d[None, :], mask=rows, other=0.0)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
@@ -97,46 +113,59 @@ if triton is not None:
             m_i = m_new
             tl.store(kc + col * s_cs + d, kn)
             tl.store(vc + col * s_cs + d, vn)
-        out = acc_ptr + b * s_ab + h * s_ah + s * s_as
-        tl.store(out + g[:, None] * D + d[None, :], acc, mask=g[:, None] < G)
-        ml = ml_ptr + b * s_mb + h * s_mh + s * s_ms
-        tl.store(ml + g, m_i, mask=g < G)
-        tl.store(ml + G + g, l_i, mask=g < G)
+        out = out_ptr + b * s_ob + h * s_oh + g[:, None] * D + d[None, :]
+        if SPLITS == 1:
+            tl.store(out, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=rows)
+        else:
+            # Partial results to memory; the split that finishes last (the counter's atomic add is
+            # acq_rel, so the others' stores are visible) merges them. Its loads skip L1 (.cg).
+            part = acc_ptr + b * s_ab + h * s_ah + g[:, None] * D + d[None, :]
+            ml = ml_ptr + b * s_mb + h * s_mh + g
+            tl.store(part + s * s_as, acc, mask=rows)
+            tl.store(ml + s * s_ms, m_i, mask=g < G)
+            tl.store(ml + s * s_ms + G, l_i, mask=g < G)
+            if tl.atomic_add(cnt_ptr + b * KV + h, 1) == SPLITS - 1:
+                top = tl.full([GP], float("-inf"), tl.float32)
+                for i in tl.static_range(SPLITS):
+                    top = tl.maximum(top, tl.load(ml + i * s_ms, mask=g < G, other=0.0, cache_modifier=".cg"))
+                num = tl.zeros([GP, D], tl.float32)
+                den = tl.zeros([GP], tl.float32)
+                for i in tl.static_range(SPLITS):  # a split with no columns has m = -inf: weight 0
+                    w = tl.exp(tl.load(ml + i * s_ms, mask=g < G, other=0.0, cache_modifier=".cg") - top)
+                    den += w * tl.load(ml + i * s_ms + G, mask=g < G, other=0.0, cache_modifier=".cg")
+                    num += w[:, None] * tl.load(part + i * s_as, mask=rows, other=0.0, cache_modifier=".cg")
+                tl.store(out, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=rows)
+                tl.atomic_xchg(cnt_ptr + b * KV + h, 0)  # ready for the next launch
 
 
-def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int):
-    """Partial attention of each split; ``merge_splits`` turns them into the output.
+def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int) -> torch.Tensor:
+    """Attention of one new token per row over its cache columns and itself: (B, kv, g, d), ``q``'s dtype.
 
     ``q``: (B, kv, g, d); ``k_new``/``v_new``: (B, kv, d), written into column ``col`` (a (1,)
     long tensor) of ``k_cache``/``v_cache`` (B, kv, S, d, last dim contiguous); ``pad_start``:
-    (B,) each row's first real column. Returns ``acc`` (B, kv, splits, g, d) and ``ml`` (B, kv,
-    splits, 2, g): unnormalised weighted values, running max and sum (fp32).
+    (B,) each row's first real column; ``splits``: chunks the columns are cut into (``split_count``).
     """
     n_rows, kv_heads, g, d = q.shape
     columns = k_cache.size(2)
     if any(t.stride(-1) != 1 for t in (q, k_new, v_new, k_cache)) or k_cache.stride() != v_cache.stride():
         raise ValueError("decode_attention needs the head dimension contiguous and K/V caches of one layout")
-    chunk = -(-columns // splits)
-    chunk = -(-chunk // BLOCK_N) * BLOCK_N
-    acc = torch.empty(n_rows, kv_heads, splits, g, d, dtype=torch.float32, device=q.device)
-    ml = torch.empty(n_rows, kv_heads, splits, 2, g, dtype=torch.float32, device=q.device)
+    per_split = -(-columns // splits)
+    chunk = -(-per_split // BLOCK_N) * BLOCK_N  # whole blocks of columns per split
+    splits = -(-columns // chunk)
+    out = torch.empty(n_rows, kv_heads, g, d, dtype=q.dtype, device=q.device)
+    kept = splits if splits > 1 else 0  # one split writes ``out`` directly
+    acc = torch.empty(n_rows, kv_heads, kept, g, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(n_rows, kv_heads, kept, 2, g, dtype=torch.float32, device=q.device)
     _decode_attention_kernel[(n_rows, kv_heads, splits)](
-        q, k_new, v_new, k_cache, v_cache, pad_start, col, acc, ml,
+        q, k_new, v_new, k_cache, v_cache, pad_start, col, out, acc, ml, _counters(q.device, n_rows, kv_heads),
         q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
         acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
-        chunk, scale, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK=BLOCK_N,
+        chunk, scale, kv_heads, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK=BLOCK_N,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 (the guard) stays fp32, not TF32
+        SPLITS=splits,
     )
-    return acc, ml
-
-
-def merge_splits(acc: torch.Tensor, ml: torch.Tensor, dtype) -> torch.Tensor:
-    """(B, kv, g, d) attention output from the splits' partial results (empty splits weigh 0)."""
-    m, l = ml[:, :, :, 0], ml[:, :, :, 1]
-    top = m.amax(2, keepdim=True)
-    w = torch.exp(m - top)  # exp(-inf) = 0 for a split with no columns
-    return ((acc * w[..., None]).sum(2) / (l * w).sum(2)[..., None]).to(dtype)
+    return out
 
 
 def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float) -> torch.Tensor:

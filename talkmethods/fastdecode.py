@@ -227,16 +227,13 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
     if attention == "triton":
         from talkmethods import decode_attention as da
 
-        def merge_finish(x, acc, ml, o_w, post_norm, gu_w, down_w):
-            return finish(x, da.merge_splits(acc, ml, x.dtype), o_w, post_norm, gu_w, down_w)
-
-        project_c, finish_c = wrap(project), wrap(merge_finish)
+        project_c, finish_c = wrap(project), wrap(finish)
 
         def layer_step(x, cos, sin, pad_start, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
             q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
             splits = da.split_count(x.size(0), kv_heads, k_cache.size(2), sms)
-            acc, ml = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits)
-            return finish_c(x, acc, ml, o_w, post_norm, gu_w, down_w), None, None
+            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits)
+            return finish_c(x, att, o_w, post_norm, gu_w, down_w), None, None
 
         layer_step.sees_own_column = True
         layer_step.takes_pad_start = True  # no mask: the kernel reads columns [pad_start, col]

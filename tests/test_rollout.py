@@ -423,3 +423,18 @@ def test_custom_judge_sees_the_final_turns(qwen_tokenizer):
                           [(True, True)], Sampling(max_new_tokens=8), judge)
     assert seen == [("A", "a2", "p0"), ("B", "b2", "p0")]
     assert chats[0].reward == 0.5
+
+
+def test_one_batched_tokenizer_call_gives_each_seats_own_prompt(sampled, qwen_tokenizer):
+    """``seat_prompts`` (one batched encode for a whole turn) builds what ``seat_prompt`` builds seat by seat."""
+    from talkmethods.dialogue import seat_messages
+    from talkmethods.rollout import seat_prompt, seat_prompts
+
+    chats, _, _, _, _ = sampled
+    stops = {IM_END, ENDOFTEXT}
+    for k in range(4):
+        seats = [(seat_messages(c.problem, k, [t.text for t in c.turns[:k]]), c.turns[k - 2] if k >= 2 else None)
+                 for c in chats]
+        batched = seat_prompts(qwen_tokenizer, seats, stops)
+        assert batched == [seat_prompt(qwen_tokenizer, m, own, stops) for m, own in seats]
+        assert batched == [c.turns[k].prompt_ids for c in chats]
