@@ -45,7 +45,7 @@ print("MAXDIFF", worst)
 
 ENGINE_CHECK = """
 import torch
-from tests.test_fastdecode import _lora, _prompts, GREEDY
+from tests.test_fastdecode import _lora, _logprobs_at_temperature, _prompts, GREEDY
 from talkmethods.fastdecode import FastGenerator
 from talkmethods.models import ModelSpec, load_model, load_tokenizer
 from talkmethods.rollout import PlainGenerator, Sampling
@@ -58,12 +58,14 @@ want = PlainGenerator(model, tok).generate(prompts, on, GREEDY)
 fast = FastGenerator(model, tok, attention="triton")
 assert fast._auto_form(6) == "triton"
 got = fast.generate(prompts, on, GREEDY)
-ref = FastGenerator(model, tok, attention="sdpa")
-sampled = Sampling(max_new_tokens=12, temperature=1.0)
-torch.manual_seed(3); a = fast.generate(prompts, [True] * 6, sampled); la = fast.last_logprobs
-torch.manual_seed(3); b = ref.generate(prompts, [True] * 6, sampled); lb = ref.last_logprobs
-diff = max(abs(x - y) for r, s in zip(la, lb) for x, y in zip(r, s))
-print("GREEDY", got == want, "SAMPLED", a == b, "LOGPDIFF", diff)
+# sampled tokens: their log-probs are a plain forward's (comparing samples across attention forms
+# would not do: at temperature 1 a random model's 151,936 tokens sit ~1e-5 apart in the CDF, so
+# fp32 rounding alone can move a draw)
+torch.manual_seed(3)
+out = fast.generate(prompts, on, Sampling(max_new_tokens=12, temperature=0.9))
+diff = max((torch.tensor(lp) - _logprobs_at_temperature(model, p, c, a, 0.9)).abs().max().item()
+           for p, c, lp, a in zip(prompts, out, fast.last_logprobs, on))
+print("GREEDY", got == want, "LOGPDIFF", diff)
 """
 
 
@@ -80,9 +82,9 @@ def test_kernel_matches_softmax_attention_and_writes_only_the_token_column():
     assert float(out.split("MAXDIFF")[1]) < 1e-5, out
 
 
-def test_engine_with_the_kernel_gives_generate_tokens_and_the_same_samples():
+def test_engine_with_the_kernel_gives_generate_tokens_and_the_log_probs_of_a_forward():
     out = _interpret(ENGINE_CHECK)
-    assert "GREEDY True SAMPLED True" in out, out
+    assert "GREEDY True" in out, out
     assert float(out.split("LOGPDIFF")[1]) < 1e-4, out
 
 
