@@ -290,30 +290,43 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     return nxt, logp, torch.stack(new_k), torch.stack(new_v)
 
 
-def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_scale: float):
+def make_prefill_layer(arch: Arch, compile_fn=None):
+    """One transformer layer over a left-padded prompt chunk: new ``x`` and the layer's K/V (B, kv, W, d).
+
+    ``compile_fn`` (``torch.compile``, dynamic shapes, on a GPU) fuses its norms, RoPE and SwiGLU:
+    eager, those passes over a 32k-token chunk are a large share of prefill time.
+    """
+    heads, kv_heads, d, eps = arch.heads, arch.kv_heads, arch.head_dim, arch.eps
+    g = heads // kv_heads
+
+    def layer(x, cos, sin, allowed, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        n_rows, width = x.shape[0], x.shape[1]
+        q, k, v = _qkv(x, in_norm, qkv_w, qkv_b, arch)
+        q = _rotate(q.view(n_rows, width, heads, d).transpose(1, 2), cos, sin)
+        k = _rotate(k.view(n_rows, width, kv_heads, d).transpose(1, 2), cos, sin)
+        v = v.view(n_rows, width, kv_heads, d).transpose(1, 2)
+        att = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=allowed)
+        x = x + F.linear(att.transpose(1, 2).reshape(n_rows, width, heads * d), o_w)
+        return _mlp_residual(x, post_norm, gu_w, down_w, eps), k, v
+
+    return compile_fn(layer) if compile_fn else layer
+
+
+def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_scale: float, layer=None):
     """Prompt forward for left-padded ``ids`` (B, W): last-position logits and K/V of shape (L, B, kv, W, d)."""
-    n_rows, width, d = ids.shape[0], ids.shape[1], arch.head_dim
+    layer = layer or make_prefill_layer(arch)
+    width = ids.shape[1]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     x = F.embedding(ids, w[-2])
     cos, sin = _rope_tables(inv_freq, rope_scale, positions, x.dtype)
-    cos, sin = cos[:, None], sin[:, None]
     causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
     # a padding query sees itself, so no row of the softmax is empty (and no NaN reaches the cache)
     allowed = (causal[None] & mask.bool()[:, None, :]) | torch.eye(width, dtype=torch.bool, device=ids.device)[None]
     ks, vs = [], []
     for i in range(arch.layers):
-        in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w = w[7 * i : 7 * i + 7]
-        q, k, v = _qkv(x, in_norm, qkv_w, qkv_b, arch)
-        q = _rotate(q.view(n_rows, width, arch.heads, d).transpose(1, 2), cos, sin)
-        k = _rotate(k.view(n_rows, width, arch.kv_heads, d).transpose(1, 2), cos, sin)
-        v = v.view(n_rows, width, arch.kv_heads, d).transpose(1, 2)
+        x, k, v = layer(x, cos[:, None], sin[:, None], allowed[:, None], *w[7 * i : 7 * i + 7])
         ks.append(k)
         vs.append(v)
-        g = arch.heads // arch.kv_heads
-        att = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
-                                             attn_mask=allowed[:, None])
-        x = x + F.linear(att.transpose(1, 2).reshape(n_rows, width, arch.heads * d), o_w)
-        x = _mlp_residual(x, post_norm, gu_w, down_w, arch.eps)
     logits = F.linear(_rms_norm(x[:, -1], w[-3], arch.eps), w[-1])
     return logits, torch.stack(ks), torch.stack(vs)
 
@@ -368,6 +381,8 @@ class FastGenerator(PlainGenerator):
         self.attention = attention
         self._wrap = (lambda f: torch.compile(f, fullgraph=True)) if compile else None
         self._layers: dict[str, object] = {}
+        self._prefill_layer = make_prefill_layer(
+            self.arch, (lambda f: torch.compile(f, fullgraph=True, dynamic=True)) if compile else None)
         self.eos = torch.tensor(self.eos_ids, device=device)
         self.captures = 0
         # wall-clock split of the work done so far (synchronised at batch edges only)
@@ -501,7 +516,7 @@ class FastGenerator(PlainGenerator):
         logits = []
         for s in range(0, ids.size(0), chunk):
             lg, k, v = prefill_math(weights.tensors, weights.inv_freq, ids[s : s + chunk], mask[s : s + chunk],
-                                    self.arch, weights.rope_scale)
+                                    self.arch, weights.rope_scale, self._prefill_layer)
             slots.k[:, s : s + chunk, :, :width] = k
             slots.v[:, s : s + chunk, :, :width] = v
             logits.append(lg)
