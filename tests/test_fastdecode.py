@@ -189,3 +189,15 @@ def test_the_triton_attention_form_is_refused_off_the_gpu_with_a_reason(peft_mod
     assert fast._auto_form(6) in ("sdpa", "matmul")  # auto never picks the kernel on a CPU
     with pytest.raises(ValueError, match="CUDA device"):
         fast.generate(_prompts(qwen_tokenizer), [True] * 6, GREEDY)
+
+
+def test_compiled_engine_matches_generate_on_the_cpu(peft_model, qwen_tokenizer):
+    """The GPU path's maths under ``torch.compile`` (fullgraph: no graph breaks; prefill with dynamic
+    shapes), here with inductor's CPU backend: the same greedy tokens, across new batch and prompt shapes."""
+    prompts = _prompts(qwen_tokenizer)
+    on = [True, False] * 3
+    fast = FastGenerator(peft_model, qwen_tokenizer, graphs=False, compile=True, attention="sdpa")
+    assert fast.generate(prompts, on, GREEDY) == PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, on, GREEDY)
+    longer = [p + p for p in _prompts(qwen_tokenizer, 3)]
+    want = PlainGenerator(peft_model, qwen_tokenizer).generate(longer, [True] * 3, GREEDY)
+    assert fast.generate(longer, [True] * 3, GREEDY) == want
