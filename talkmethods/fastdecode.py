@@ -225,8 +225,6 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
         return layer_step
 
     if attention == "triton":
-        from talkmethods import decode_attention as da
-
         project_c, finish_c = wrap(project), wrap(finish)
 
         def layer_step(x, cos, sin, pad_start, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
@@ -397,8 +395,9 @@ class FastGenerator(PlainGenerator):
     def _layer_for(self, rows: int):
         """The decode layer for a batch of ``rows``: ``auto`` takes the form measured fastest there.
 
-        On an H200 (docs/speed_h200.md) one fused attention kernel (``sdpa``) is fastest at batch 32;
-        at batch 600 the two cuBLAS products (``matmul``) are.
+        On a GPU that is the Triton kernel (``triton``), the fastest at batch 32 and 600 on an H200
+        (docs/speed_h200.md); elsewhere one fused attention kernel (``sdpa``) up to ``AUTO_SDPA_ROWS``
+        rows and the two products (``matmul``) above, as measured there before the kernel.
         """
         form = self.attention if self.attention != "auto" else self._auto_form(rows)
         if form == "triton" and not da.available(self.device):

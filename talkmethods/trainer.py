@@ -382,13 +382,14 @@ def _lora_forward(self, x, *args, **kwargs):
     """
     name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
     if (args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A
-            or name in self.lora_variant or not isinstance(self.lora_dropout[name], torch.nn.Identity)):
+            or name in self.lora_variant or not isinstance(self.lora_dropout[name], torch.nn.Identity)
+            # without autocast addmm needs one dtype (PEFT's forward casts the input to the adapter's)
+            or not (torch.is_autocast_enabled(x.device.type) or x.dtype == self.lora_A[name].weight.dtype
+                    == self.lora_B[name].weight.dtype == self.base_layer.weight.dtype)):
         return type(self).forward(self, x, *args, **kwargs)
     result = self.base_layer(x)
     h = self.lora_A[name](x) * self.scaling[name]
     b = self.lora_B[name].weight
-    if not torch.is_autocast_enabled(x.device.type) and not (result.dtype == h.dtype == b.dtype):
-        return type(self).forward(self, x, *args, **kwargs)
     flat = torch.addmm(result.reshape(-1, result.size(-1)), h.reshape(-1, h.size(-1)), b.t())
     return flat.view(result.shape).to(result.dtype)
 

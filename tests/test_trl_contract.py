@@ -335,7 +335,12 @@ def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16(
         return logits.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     want, want_grads = run(want_model, False)
-    got, got_grads = run(got_model, False)
+    from unittest import mock
+
+    addmm, calls = torch.addmm, []
+    with mock.patch("torch.addmm", lambda *a, **k: calls.append(1) or addmm(*a, **k)):
+        got, got_grads = run(got_model, False)
+    assert len(calls) == len(LORA_TARGETS) * base.config.num_hidden_layers  # the fused path ran, not PEFT's
     assert torch.equal(got, want)  # the scaling (2) is a power of two: moving it is exact
     assert want_grads.keys() == got_grads.keys() and len(want_grads) == 2 * len(LORA_TARGETS) * 2
     for name in want_grads:
