@@ -1,6 +1,8 @@
 """Decode-step attention over the static KV cache as one Triton kernel (split-KV, GQA-aware).
 
-One new token per row attends to the cache columns ``[pad_start, col)`` plus itself. The kernel
+One new token per row attends to the cache columns ``[pad_start, col)`` plus itself, minus an optional
+per-row hole ``[hole_lo, hole_hi)`` (a reused prompt prefix, then stale columns, then the new turn's
+prompt: ``fastdecode``'s prefix reuse). The kernel
 also writes the token's K/V into column ``col``, so a layer's attention is one launch where the
 cuDNN form needed a cache write (two ``index_copy``), a mask conversion and the fused kernel, and
 it reads only the columns in use (the cuDNN form reads the whole 256-rounded bucket).
@@ -62,32 +64,21 @@ def _counters(device, n_rows: int, kv_heads: int) -> torch.Tensor:
     return _COUNTERS[key]
 
 
+def _no_hole(device, n_rows: int) -> torch.Tensor:
+    key = (str(device), n_rows, "hole")
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(n_rows, 2, dtype=torch.long, device=device)
+    return _COUNTERS[key]
+
+
 if triton is not None:
 
     @triton.jit
-    def _decode_attention_kernel(
-        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, col_ptr, out_ptr, acc_ptr, ml_ptr, cnt_ptr,
-        s_qb, s_qh, s_qg, s_nb, s_nh, s_vb, s_vh, s_cb, s_ch, s_cs, s_ob, s_oh, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
-        chunk, scale, KV,
-        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr,
-        SPLITS: tl.constexpr,
-    ):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        s = tl.program_id(2)
-        col = tl.load(col_ptr)
-        lo = tl.maximum(tl.load(pad_ptr + b), s * chunk)
-        hi = tl.minimum(s * chunk + chunk, col)
-        g = tl.arange(0, GP)
+    def _attend_columns(q, kc, vc, s_cs, lo, hi, m_i, l_i, acc, scale,
+                        D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
+        """The online softmax over cache columns ``[lo, hi)``, folded into ``(m_i, l_i, acc)``."""
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK)
-        rows = g[:, None] < G
-        q = tl.load(q_ptr + b * s_qb + h * s_qh + g[:, None] * s_qg + d[None, :], mask=rows, other=0.0)
-        m_i = tl.full([GP], float("-inf"), tl.float32)
-        l_i = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, D], tl.float32)
-        kc = kc_ptr + b * s_cb + h * s_ch
-        vc = vc_ptr + b * s_cb + h * s_ch
         for start in range(lo, hi, BLOCK):
             cols = start + n
             ok = cols < hi
@@ -101,6 +92,36 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit
+    def _decode_attention_kernel(
+        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, hole_ptr, col_ptr, out_ptr, acc_ptr, ml_ptr, cnt_ptr,
+        s_qb, s_qh, s_qg, s_nb, s_nh, s_vb, s_vh, s_cb, s_ch, s_cs, s_ob, s_oh, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
+        chunk, scale, KV,
+        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr,
+        SPLITS: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        col = tl.load(col_ptr)
+        lo = tl.maximum(tl.load(pad_ptr + b), s * chunk)
+        hi = tl.minimum(s * chunk + chunk, col)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        rows = g[:, None] < G
+        q = tl.load(q_ptr + b * s_qb + h * s_qh + g[:, None] * s_qg + d[None, :], mask=rows, other=0.0)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        kc = kc_ptr + b * s_cb + h * s_ch
+        vc = vc_ptr + b * s_cb + h * s_ch
+        # the columns before the row's hole, then those after it (an empty hole is [0, 0))
+        hole_lo = tl.load(hole_ptr + 2 * b)
+        hole_hi = tl.load(hole_ptr + 2 * b + 1)
+        m_i, l_i, acc = _attend_columns(q, kc, vc, s_cs, lo, tl.minimum(hi, hole_lo), m_i, l_i, acc, scale, D, BLOCK, PREC)
+        m_i, l_i, acc = _attend_columns(q, kc, vc, s_cs, tl.maximum(lo, hole_hi), hi, m_i, l_i, acc, scale, D, BLOCK, PREC)
         if s == 0:  # the token itself, from the new K/V (no program reads column ``col`` from the cache)
             kn = tl.load(kn_ptr + b * s_nb + h * s_nh + d)
             vn = tl.load(vn_ptr + b * s_vb + h * s_vh + d)
@@ -138,12 +159,14 @@ if triton is not None:
                 tl.atomic_xchg(cnt_ptr + b * KV + h, 0)  # ready for the next launch
 
 
-def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int) -> torch.Tensor:
+def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int,
+                     hole=None) -> torch.Tensor:
     """Attention of one new token per row over its cache columns and itself: (B, kv, g, d), ``q``'s dtype.
 
     ``q``: (B, kv, g, d); ``k_new``/``v_new``: (B, kv, d), written into column ``col`` (a (1,)
     long tensor) of ``k_cache``/``v_cache`` (B, kv, S, d, last dim contiguous); ``pad_start``:
-    (B,) each row's first real column; ``splits``: chunks the columns are cut into (``split_count``).
+    (B,) each row's first real column; ``splits``: chunks the columns are cut into (``split_count``);
+    ``hole``: (B, 2) long, each row's columns ``[lo, hi)`` to skip (``None``: no hole).
     """
     n_rows, kv_heads, g, d = q.shape
     columns = k_cache.size(2)
@@ -156,8 +179,12 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
     kept = splits if splits > 1 else 0  # one split writes ``out`` directly
     acc = torch.empty(n_rows, kv_heads, kept, g, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(n_rows, kv_heads, kept, 2, g, dtype=torch.float32, device=q.device)
+    if hole is None:
+        hole = _no_hole(q.device, n_rows)
+    elif hole.shape != (n_rows, 2) or not hole.is_contiguous():
+        raise ValueError("decode_attention's hole is a contiguous (rows, 2) tensor of [lo, hi) columns")
     _decode_attention_kernel[(n_rows, kv_heads, splits)](
-        q, k_new, v_new, k_cache, v_cache, pad_start, col, out, acc, ml, _counters(q.device, n_rows, kv_heads),
+        q, k_new, v_new, k_cache, v_cache, pad_start, hole, col, out, acc, ml, _counters(q.device, n_rows, kv_heads),
         q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
         acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
@@ -168,7 +195,7 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
     return out
 
 
-def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float) -> torch.Tensor:
+def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float, hole=None) -> torch.Tensor:
     """The same attention in plain torch (fp32): the tests' yardstick."""
     n_rows, kv_heads, g, d = q.shape
     k = k_cache.float().clone()
@@ -177,6 +204,8 @@ def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: flo
     v[:, :, col] = v_new.float()
     cols = torch.arange(k.size(2))
     seen = (cols[None, :] >= pad_start[:, None]) & (cols[None, :] <= col)  # (B, S)
+    if hole is not None:
+        seen &= (cols[None, :] < hole[:, :1]) | (cols[None, :] >= hole[:, 1:])
     sc = torch.einsum("bhgd,bhsd->bhgs", q.float(), k) * scale
     sc = sc.masked_fill(~seen[:, None, None, :], float("-inf"))
     return torch.einsum("bhgs,bhsd->bhgd", torch.softmax(sc, -1), v)

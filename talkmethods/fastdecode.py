@@ -227,14 +227,15 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
     if attention == "triton":
         project_c, finish_c = wrap(project), wrap(finish)
 
-        def layer_step(x, cos, sin, pad_start, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        def layer_step(x, cos, sin, bounds, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
             q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
             splits = da.split_count(x.size(0), kv_heads, k_cache.size(2), sms)
-            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits)
+            pad_start, hole = bounds
+            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits, hole)
             return finish_c(x, att, o_w, post_norm, gu_w, down_w), None, None
 
         layer_step.sees_own_column = True
-        layer_step.takes_pad_start = True  # no mask: the kernel reads columns [pad_start, col]
+        layer_step.takes_bounds = True  # no mask: the kernel reads columns [pad_start, col] outside the hole
         return layer_step
 
     def fused(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
@@ -257,11 +258,12 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
 
 
 def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, eps: float, tok, pos, col,
-                pad_start, u, k_cache, v_cache, sampling: Sampling):
+                pad_start, hole, u, k_cache, v_cache, sampling: Sampling):
     """One decode step for every row: the new token's K/V, the next token and its log-prob.
 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
-    cache column, a uniform; ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
+    cache column, a uniform; ``hole``: (B, 2) cache columns ``[lo, hi)`` a row skips (a reused prefix's
+    stale tail, see ``FastGenerator``; ``[0, 0)`` when none); ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
     (L, B, kv, S, d) views (columns ``>= col`` are ignored; the ``sdpa`` form writes column ``col``).
     Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d) for the caller to write into the cache
     (``None`` when the layers wrote them, the ``sdpa`` form).
@@ -269,11 +271,12 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     x = F.embedding(tok, w[-2])
     cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
     own = getattr(layer_step, "sees_own_column", False)
-    if getattr(layer_step, "takes_pad_start", False):
-        mask = pad_start
+    if getattr(layer_step, "takes_bounds", False):
+        mask = (pad_start, hole)
     else:
         cols = torch.arange(k_cache.size(3), device=tok.device)
-        blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= (col + 1 if own else col)))[:, None, None, :]
+        blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= (col + 1 if own else col))
+                   | ((cols[None, :] >= hole[:, :1]) & (cols[None, :] < hole[:, 1:])))[:, None, None, :]
         mask = ~blocked if own else blocked  # the sdpa form takes the columns it may see (inverted once a step)
     new_k, new_v = [], []
     for i in range(k_cache.size(0)):
@@ -294,20 +297,55 @@ def make_prefill_layer(arch: Arch, compile_fn=None):
     ``compile_fn`` (``torch.compile``, dynamic shapes, on a GPU) fuses its norms, RoPE and SwiGLU:
     eager, those passes over a 32k-token chunk are a large share of prefill time.
     """
+    project, attend = _prompt_pieces(arch)
+
+    def layer(x, cos, sin, allowed, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        q, k, v = project(x, cos, sin, in_norm, qkv_w, qkv_b)
+        return attend(x, q, k, v, allowed, o_w, post_norm, gu_w, down_w), k, v
+
+    return compile_fn(layer) if compile_fn else layer
+
+
+def _prompt_pieces(arch: Arch):
+    """A prompt chunk's layer in two pieces: q/k/v of its tokens; attention over given K/V, then the MLP."""
     heads, kv_heads, d, eps = arch.heads, arch.kv_heads, arch.head_dim, arch.eps
     g = heads // kv_heads
 
-    def layer(x, cos, sin, allowed, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+    def project(x, cos, sin, in_norm, qkv_w, qkv_b):
         n_rows, width = x.shape[0], x.shape[1]
         q, k, v = _qkv(x, in_norm, qkv_w, qkv_b, arch)
         q = _rotate(q.view(n_rows, width, heads, d).transpose(1, 2), cos, sin)
         k = _rotate(k.view(n_rows, width, kv_heads, d).transpose(1, 2), cos, sin)
-        v = v.view(n_rows, width, kv_heads, d).transpose(1, 2)
+        return q, k, v.view(n_rows, width, kv_heads, d).transpose(1, 2)
+
+    def attend(x, q, k, v, allowed, o_w, post_norm, gu_w, down_w):
+        n_rows, width = x.shape[0], x.shape[1]
         att = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=allowed)
         x = x + F.linear(att.transpose(1, 2).reshape(n_rows, width, heads * d), o_w)
-        return _mlp_residual(x, post_norm, gu_w, down_w, eps), k, v
+        return _mlp_residual(x, post_norm, gu_w, down_w, eps)
 
-    return compile_fn(layer) if compile_fn else layer
+    return project, attend
+
+
+def make_extend_layer(arch: Arch, compile_fn=None):
+    """One layer over new prompt tokens that continue K/V already in the cache (a reused prefix).
+
+    The chunk's K/V are written into cache columns ``[start, start + W)`` and its queries attend to
+    columns ``[0, start + W)`` under ``allowed`` (B, 1, W, start + W). Two compiled pieces around
+    the cache write, as the ``sdpa`` decode form.
+    """
+    project, attend = _prompt_pieces(arch)
+    if compile_fn:
+        project, attend = compile_fn(project), compile_fn(attend)
+
+    def layer(x, cos, sin, allowed, k_cache, v_cache, start: int, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        q, k, v = project(x, cos, sin, in_norm, qkv_w, qkv_b)
+        end = start + x.size(1)
+        k_cache[:, :, start:end] = k
+        v_cache[:, :, start:end] = v
+        return attend(x, q, k_cache[:, :, :end], v_cache[:, :, :end], allowed, o_w, post_norm, gu_w, down_w)
+
+    return layer
 
 
 def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_scale: float, layer=None):
@@ -329,6 +367,21 @@ def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_sc
     return logits, torch.stack(ks), torch.stack(vs)
 
 
+def extend_math(w: list[torch.Tensor], inv_freq, ids, positions, allowed, k_cache, v_cache, start: int, arch: Arch,
+                rope_scale: float, layer) -> torch.Tensor:
+    """Forward of left-padded new prompt tokens ``ids`` (B, W) over cached K/V: last-position logits.
+
+    ``positions``: (B, W) RoPE positions (the cached prefix's length onwards); ``allowed``: (B, W,
+    start + W) the cache columns each query sees; ``k_cache``/``v_cache``: (L, B, kv, S, d) views
+    whose columns ``[start, start + W)`` receive the new tokens' K/V (``layer``: ``make_extend_layer``).
+    """
+    x = F.embedding(ids, w[-2])
+    cos, sin = _rope_tables(inv_freq, rope_scale, positions, x.dtype)
+    for i in range(arch.layers):
+        x = layer(x, cos[:, None], sin[:, None], allowed[:, None], k_cache[i], v_cache[i], start, *w[7 * i : 7 * i + 7])
+    return F.linear(_rms_norm(x[:, -1], w[-3], arch.eps), w[-1])
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -342,11 +395,27 @@ class _Slots:
         self.columns, self.steps = columns, steps
         z = dict(dtype=torch.long, device=device)
         self.tok, self.pos, self.pad_start = (torch.zeros(rows, **z) for _ in range(3))
+        self.hole = torch.zeros(rows, 2, **z)  # columns [lo, hi) a row skips: a reused prefix's stale tail
         self.col, self.step = torch.zeros(1, **z), torch.zeros(1, **z)
         self.done = torch.zeros(rows, dtype=torch.bool, device=device)
         self.u = torch.zeros(steps, rows, device=device)
         self.out_tok = torch.zeros(rows, steps, **z)
         self.out_logp = torch.zeros(rows, steps, device=device)
+
+
+@dataclass
+class _Lane:
+    """What a lane's last turn left in its cache, for the lane's next turn to continue.
+
+    Row ``i``'s tokens ``tokens[i]`` (its prompt and all of its completion but the last token) have
+    their K/V in columns ``[starts[i], starts[i] + len(tokens[i]))``; columns up to ``end`` were written.
+    """
+
+    n: int
+    version: int
+    starts: list[int]
+    tokens: list[list[int]]
+    end: int
 
 
 class FastGenerator(PlainGenerator):
@@ -369,7 +438,9 @@ class FastGenerator(PlainGenerator):
             self.weights[True] = FusedWeights(model, adapter=True)
         self.arch = self.weights[False].arch
         self.dtype = self.weights[False].tensors[1].dtype
-        self._slots: dict[int, _Slots] = {}
+        self._slots: dict[tuple, _Slots] = {}  # (rows, lane): a lane keeps its own cache
+        self._lanes: dict[tuple, _Lane] = {}
+        self._version = 0  # bumped by sync_weights: cached K/V of older weights are not reused
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
         # Only the layer is compiled: one small graph serves all 28 layers (compiles in seconds, not
@@ -379,12 +450,14 @@ class FastGenerator(PlainGenerator):
         self.attention = attention
         self._wrap = (lambda f: torch.compile(f, fullgraph=True)) if compile else None
         self._layers: dict[str, object] = {}
-        self._prefill_layer = make_prefill_layer(
-            self.arch, (lambda f: torch.compile(f, fullgraph=True, dynamic=True)) if compile else None)
+        dynamic = (lambda f: torch.compile(f, fullgraph=True, dynamic=True)) if compile else None
+        self._prefill_layer = make_prefill_layer(self.arch, dynamic)
+        self._extend_layer = make_extend_layer(self.arch, dynamic)
         self.eos = torch.tensor(self.eos_ids, device=device)
         self.captures = 0
         # wall-clock split of the work done so far (synchronised at batch edges only)
-        self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "row_steps": 0, "capture_s": 0.0}
+        self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "row_steps": 0, "capture_s": 0.0,
+                       "prompt_tokens": 0, "reused_tokens": 0}
         if compile:
             from torch import _dynamo
 
@@ -412,12 +485,25 @@ class FastGenerator(PlainGenerator):
             return "triton"
         return "sdpa" if rows <= AUTO_SDPA_ROWS else "matmul"
 
+    reuses_turns = True  # ``play_chats`` names each seat's lane (``generate(..., lane=seat)``)
+
     def sync_weights(self) -> None:
         """Fold the adapter's current weights into the inference copy (after each optimizer step)."""
         if self.is_peft:
             self.weights[True].refresh()
+        self._version += 1
+        self._lanes.clear()
 
-    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling,
+                 lane: str | None = None) -> list[list[int]]:
+        """Sample a completion per prompt (``PlainGenerator.generate``), keeping K/V per ``lane``.
+
+        A lane is a sequence of turns over the same rows (``play_chats``: a seat). When every prompt
+        of a lane's turn starts with what the lane's previous turn left in its cache (that prompt and
+        its completion, the seat's own words as sampled), only the rest is prefilled: a seat's second
+        turn prefills the partner's reply, not the whole dialogue. Rows that do not continue (and
+        turns after new weights) are prefilled whole. A lane continues once, then starts afresh.
+        """
         if not self.is_peft and any(adapter_on):
             raise ValueError("adapter requested but the model has no adapter")
         outs: list = [None] * len(prompts)
@@ -426,7 +512,8 @@ class FastGenerator(PlainGenerator):
             for on in (True, False):  # one batch per weight set: base-seat rows run on the base copy
                 rows = [i for i, a in enumerate(adapter_on) if a == on]
                 if rows:
-                    toks, lps = self._run([prompts[i] for i in rows], self.weights[on], sampling)
+                    toks, lps = self._run([prompts[i] for i in rows], self.weights[on], sampling,
+                                          None if lane is None else (lane, on))
                     for i, t, lp in zip(rows, toks, lps, strict=True):
                         outs[i], logps[i] = t, lp
         self.last_logprobs = logps
@@ -434,22 +521,42 @@ class FastGenerator(PlainGenerator):
 
     # -- one batch on one weight set ------------------------------------------------------------
 
-    def _run(self, prompts, weights: FusedWeights, sampling: Sampling):
+    def _run(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None):
         n, steps = len(prompts), sampling.max_new_tokens
         rows = batch_bucket(n) if self.graphs else n
-        width = max(len(p) for p in prompts)
-        columns = -(-(width + steps) // COLUMN_BUCKET) * COLUMN_BUCKET
-        slots = self._slots_for(rows, columns, steps)
+        reused = self._continues(self._lanes.pop(lane, None) if lane is not None else None, prompts)
+        if reused is None:  # the whole prompts, from column 0
+            state, fed, base = None, prompts, 0
+        else:  # the rest of each prompt, after the columns the lane's last turn wrote
+            state, cached = reused
+            fed, base = [p[c:] for p, c in zip(prompts, cached, strict=True)], reused[0].end
+        width = max(len(p) for p in fed)
+        columns = -(-(base + width + steps) // COLUMN_BUCKET) * COLUMN_BUCKET
+        # a lane's first turn leaves room for its next (the partner's reply, one more turn)
+        room = 3 * steps + 64 if lane is not None and state is None else 0
+        slots = self._slots_for(rows, columns + room, steps, lane)
         t0 = time.perf_counter()
-        graph = self._graph_for(slots, rows, columns, weights, sampling) if self.graphs else None
+        graph = self._graph_for(slots, rows, columns, weights, sampling, lane) if self.graphs else None
         self.timing["capture_s"] += time.perf_counter() - t0
 
-        padded = prompts + [[self.pad_id]] * (rows - n)  # bucket rows: finished from the start
+        padded = fed + [[self.pad_id]] * (rows - n)  # bucket rows: finished from the start
         ids, mask = self.left_pad(padded)
-        lengths = mask.sum(-1)
-        slots.pad_start.copy_(width - lengths)
-        slots.pos.copy_(lengths)
-        slots.col.fill_(width)
+        fed_len = mask.sum(-1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        first = base + width - fed_len  # each row's first fed column
+        if state is None:
+            slots.pad_start.copy_(first)
+            slots.hole.zero_()
+            slots.pos.copy_(fed_len)
+        else:
+            c = torch.tensor(cached + [0] * (rows - n), device=self.device)
+            start = torch.tensor(state.starts + [0] * (rows - n), device=self.device)
+            keep = c > 0  # rows continuing their cached prefix: skip the stale columns between
+            slots.pad_start.copy_(torch.where(keep, start, first))
+            slots.hole.copy_(torch.stack([torch.where(keep, start + c, 0), torch.where(keep, first, 0)], 1))
+            slots.pos.copy_(c + fed_len)
+            positions = positions + c[:, None]
+        slots.col.fill_(base + width)
         slots.step.zero_()
         slots.done.copy_(torch.arange(rows, device=self.device) >= n)
         slots.out_tok.fill_(self.pad_id)
@@ -457,7 +564,12 @@ class FastGenerator(PlainGenerator):
         slots.u[:steps].uniform_()  # the global (seeded) RNG: reproducible rollouts
 
         t0 = time.perf_counter()
-        logits = self._prefill(weights, ids, mask, slots)
+        if state is None:
+            logits = self._prefill(weights, ids, mask, slots)
+        else:
+            logits = self._extend(weights, ids, positions, slots, base)
+        self.timing["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.timing["reused_tokens"] += 0 if state is None else sum(cached)
         tok, logp = sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, slots.u[0])
         self._record(slots, tok, logp)
         self._sync()
@@ -481,7 +593,18 @@ class FastGenerator(PlainGenerator):
             raise FloatingPointError("the rollout sampled from non-finite logits: the policy weights hold NaN/inf")
         trimmed = self._trim(slots.out_tok[:n].cpu())
         lps = slots.out_logp[:n].tolist()
+        if lane is not None and state is None:  # what the next turn of this lane may continue
+            self._lanes[lane] = _Lane(n=n, version=self._version, starts=slots.pad_start[:n].tolist(),
+                                      tokens=[p + c[:-1] for p, c in zip(prompts, trimmed, strict=True)],
+                                      end=base + width + t - 1)
         return trimmed, [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
+
+    def _continues(self, state: _Lane | None, prompts) -> tuple[_Lane, list[int]] | None:
+        """The lane state and each row's cached length, if any row's prompt continues what is cached."""
+        if state is None or state.version != self._version or state.n != len(prompts):
+            return None
+        cached = [len(t) if len(p) > len(t) and p[: len(t)] == t else 0 for p, t in zip(prompts, state.tokens, strict=True)]
+        return (state, cached) if any(cached) else None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -501,13 +624,31 @@ class FastGenerator(PlainGenerator):
         u = slots.u.index_select(0, slots.step.clamp(max=slots.steps - 1))[0]
         nxt, logp, k, v = decode_math(
             self._layer_for(slots.tok.size(0)), weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
-            slots.col, slots.pad_start, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
+            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
         if k is not None:
             slots.k.index_copy_(3, slots.col, k[:, :, :, None])
             slots.v.index_copy_(3, slots.col, v[:, :, :, None])
         slots.pos += 1
         slots.col += 1
         self._record(slots, nxt, logp)
+
+    def _extend(self, weights: FusedWeights, ids, positions, slots: _Slots, base: int) -> torch.Tensor:
+        """Prefill the new tokens ``ids`` (left-padded) at columns ``base`` on, over the cached prefixes."""
+        width = ids.size(1)
+        end = base + width
+        cols = torch.arange(end, device=self.device)
+        query_col = base + torch.arange(width, device=self.device)
+        chunk = max(1, min(PREFILL_TOKENS // width, 4 * PREFILL_TOKENS // end))
+        logits = []
+        for s in range(0, ids.size(0), chunk):
+            pad, hole = slots.pad_start[s : s + chunk, None, None], slots.hole[s : s + chunk, None]
+            seen = (cols >= pad) & ((cols < hole[..., :1]) | (cols >= hole[..., 1:])) & (cols <= query_col[:, None])
+            # a padding query sees itself, so no row of the softmax is empty
+            allowed = seen | (cols == query_col[:, None])
+            logits.append(extend_math(weights.tensors, weights.inv_freq, ids[s : s + chunk], positions[s : s + chunk],
+                                      allowed, slots.k[:, s : s + chunk], slots.v[:, s : s + chunk], base, self.arch,
+                                      weights.rope_scale, self._extend_layer))
+        return torch.cat(logits)
 
     def _prefill(self, weights: FusedWeights, ids, mask, slots: _Slots) -> torch.Tensor:
         width = ids.size(1)
@@ -523,33 +664,41 @@ class FastGenerator(PlainGenerator):
 
     # -- buffers and graphs -----------------------------------------------------------------------
 
-    def _slots_for(self, rows: int, columns: int, steps: int) -> _Slots:
-        slots = self._slots.get(rows)
+    def _slots_for(self, rows: int, columns: int, steps: int, lane: tuple | None = None) -> _Slots:
+        key = (rows, lane)
+        slots = self._slots.get(key)
         if slots is None or slots.columns < columns or slots.steps < steps:
-            if slots is not None:  # grown: graphs over the old buffers are stale
-                self._graphs = {k: g for k, g in self._graphs.items() if k[0] != rows}
+            old = slots
+            if old is not None:  # grown: graphs over the old buffers are stale
+                self._graphs = {k: g for k, g in self._graphs.items() if k[0] != key}
                 # new captures take a fresh pool: capturing into a pool whose graphs are all gone trips
                 # the caching allocator's assert (use_count > 0) when any of its blocks is still alive
                 self._pool = None
-                del self._slots[rows]
-                slots = None
+                del self._slots[key]
+            columns = -(-max(columns, 4 * COLUMN_BUCKET, old.columns if old else 0) // COLUMN_BUCKET) * COLUMN_BUCKET
+            slots = _Slots(self.arch, rows, columns, max(steps, old.steps if old else 0), self.dtype, self.device)
+            if old is not None:  # a lane's cached prefixes move along
+                slots.k[..., : old.columns, :].copy_(old.k)
+                slots.v[..., : old.columns, :].copy_(old.v)
+                del old
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-            slots = _Slots(self.arch, rows, max(columns, 4 * COLUMN_BUCKET), steps, self.dtype, self.device)
-            self._slots[rows] = slots
+            self._slots[key] = slots
         return slots
 
-    def _graph_for(self, slots: _Slots, rows: int, columns: int, weights: FusedWeights, sampling: Sampling):
-        key = (rows, columns, weights.adapter, sampling.temperature, sampling.top_k, sampling.top_p)
+    def _graph_for(self, slots: _Slots, rows: int, columns: int, weights: FusedWeights, sampling: Sampling,
+                   lane: tuple | None = None):
+        key = ((rows, lane), columns, weights.adapter, sampling.temperature, sampling.top_k, sampling.top_p)
         graph = self._graphs.get(key)
         if graph is not None:
             return graph
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        # warm up (compiles on the first shapes) on a side stream, then capture one whole step
+        # warm up (compiles on the first shapes) on a side stream, then capture one whole step; the
+        # warm-up writes K/V in the last two columns, where no cached prefix lies
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        slots.col.fill_(0)
+        slots.col.fill_(columns - 2)
         slots.step.zero_()
         with torch.cuda.stream(stream):
             for _ in range(2):

@@ -225,7 +225,9 @@ def play_chats(
                 )
         adapter_on = [c.seat_adapter(seat) for c in chats]
         t0 = time.perf_counter()
-        completions = generator.generate(prompts, adapter_on, sampling)
+        # an engine that keeps K/V across turns continues each seat's last turn (its own words are a prefix)
+        lane = {"lane": seat} if getattr(generator, "reuses_turns", False) else {}
+        completions = generator.generate(prompts, adapter_on, sampling, **lane)
         stats["gen_s"] += time.perf_counter() - t0
         logprobs = getattr(generator, "last_logprobs", None) or [None] * len(completions)
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)

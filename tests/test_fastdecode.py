@@ -129,13 +129,13 @@ def test_cache_grows_for_longer_prompts_and_turns(peft_model, qwen_tokenizer):
     fast = FastGenerator(peft_model, qwen_tokenizer)
     short = _prompts(qwen_tokenizer, 2)
     fast.generate(short, [True] * 2, GREEDY)
-    columns = fast._slots[2].columns
+    columns = fast._slots[(2, None)].columns
     long = [(p[:-5] * 100)[: columns - k] + p[-5:] for k, p in enumerate(short)]  # wider than the cache
     assert max(len(p) for p in long) + GREEDY.max_new_tokens > columns
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(long, [True] * 2, GREEDY)
     assert fast.generate(long, [True] * 2, GREEDY) == want
-    assert fast._slots[2].columns >= max(len(p) for p in long) + GREEDY.max_new_tokens
-    assert fast._slots[2].columns % COLUMN_BUCKET == 0
+    assert fast._slots[(2, None)].columns >= max(len(p) for p in long) + GREEDY.max_new_tokens
+    assert fast._slots[(2, None)].columns % COLUMN_BUCKET == 0
 
 
 def test_rows_stop_at_their_own_end_of_turn(peft_model, qwen_tokenizer):
@@ -201,3 +201,61 @@ def test_compiled_engine_matches_generate_on_the_cpu(peft_model, qwen_tokenizer)
     longer = [p + p for p in _prompts(qwen_tokenizer, 3)]
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(longer, [True] * 3, GREEDY)
     assert fast.generate(longer, [True] * 3, GREEDY) == want
+
+
+def _play_both(peft_model, tok, stop=None, attention="auto"):
+    from talkmethods.rollout import play_chats
+    from tests.conftest import tiny_problems
+
+    flat = [p for p in tiny_problems(3) for _ in range(2)]
+    seats = [(True, True), (True, False)] * 3  # B's rows on two weight sets: two lanes
+    fast, plain = FastGenerator(peft_model, tok, attention=attention), PlainGenerator(peft_model, tok)
+    if stop is not None:  # rows then end their turns at different lengths
+        for gen in (fast, plain):
+            gen.eos_ids = gen.eos_ids + [stop]
+        fast.eos = torch.tensor(fast.eos_ids)
+    sampling = Sampling(max_new_tokens=10, top_k=1)
+    got, _ = play_chats(fast, tok, flat, seats, sampling)
+    want, _ = play_chats(plain, tok, flat, seats, sampling)
+    return fast, got, want
+
+
+@pytest.mark.parametrize("early_stops", [False, True])
+def test_a_seats_second_turn_continues_its_cached_first_turn(peft_model, qwen_tokenizer, early_stops):
+    """Each seat's second prompt is prefilled from where its first turn's K/V end (the partner's reply
+    and the template), and the chats are token for token those ``generate`` plays re-reading the
+    whole dialogue: positions, the skipped stale columns and the cached prefix are right."""
+    stop = None
+    if early_stops:
+        _, probe, _ = _play_both(peft_model, qwen_tokenizer)
+        stop = probe[0].turns[0].completion_ids[3]
+    fast, got, want = _play_both(peft_model, qwen_tokenizer, stop)
+    assert [[(t.prompt_ids, t.completion_ids) for t in c.turns] for c in got] == \
+           [[(t.prompt_ids, t.completion_ids) for t in c.turns] for c in want]
+    if early_stops:
+        lengths = {len(t.completion_ids) for c in got for t in c.turns}
+        assert len(lengths) > 1 and min(lengths) < 10, lengths  # holes of several sizes were skipped
+    later = sum(len(t.prompt_ids) for c in got for t in c.turns[2:])
+    cached = sum(len(c.turns[k - 2].prompt_ids) + len(c.turns[k - 2].completion_ids) - 1 for c in got for k in (2, 3))
+    assert fast.timing["reused_tokens"] == cached > 0.6 * later
+    assert fast.timing["prompt_tokens"] == sum(len(t.prompt_ids) for c in got for t in c.turns)
+
+
+def test_a_lane_starts_afresh_after_new_weights_or_other_prompts(peft_model, qwen_tokenizer):
+    fast = FastGenerator(peft_model, qwen_tokenizer)
+    prompts = _prompts(qwen_tokenizer, 3)
+    first = fast.generate(prompts, [True] * 3, GREEDY, lane="A")
+    longer = [p + c + [7, 8] for p, c in zip(prompts, first, strict=True)]
+    fast.sync_weights()  # the cached K/V belong to the old weights
+    assert fast.generate(longer, [True] * 3, GREEDY, lane="A") == PlainGenerator(peft_model, qwen_tokenizer).generate(
+        longer, [True] * 3, GREEDY)
+    assert fast.timing["reused_tokens"] == 0
+    fast.generate(prompts, [True] * 3, GREEDY, lane="A")
+    other = [[9] + p for p in longer]  # no row continues its cached tokens
+    fast.generate(other, [True] * 3, GREEDY, lane="A")
+    assert fast.timing["reused_tokens"] == 0
+    fast.generate(prompts, [True] * 3, GREEDY, lane="A")
+    mixed = [longer[0], other[1], longer[2]]  # rows 0 and 2 continue, row 1 is prefilled whole
+    want = PlainGenerator(peft_model, qwen_tokenizer).generate(mixed, [True] * 3, GREEDY)
+    assert fast.generate(mixed, [True] * 3, GREEDY, lane="A") == want
+    assert fast.timing["reused_tokens"] == sum(len(p) + len(c) - 1 for i, (p, c) in enumerate(zip(prompts, first)) if i != 1)
