@@ -360,7 +360,8 @@ def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dic
            "prefill_s": round(tm["prefill_s"], 1), "decode_s": round(tm["decode_s"], 1),
            "capture_s": round(tm["capture_s"], 1), "rows_padded_to": batch_bucket(len(chats)),
            "ms_per_step": round(1000 * tm["decode_s"] / max(tm["decode_steps"], 1), 3),
-           "tokens_per_s": round(tm["row_steps"] / max(tm["decode_s"], 1e-9))}
+           "tokens_per_s": round(tm["row_steps"] / max(tm["decode_s"], 1e-9)),
+           "prompt_tokens": tm["prompt_tokens"], "reused_prompt_tokens": tm["reused_tokens"]}
     del model, g, holder
     _free()
     return out
@@ -519,7 +520,8 @@ def table(res: dict) -> str:
         e = res["eval"]
         lines += [f"eval batch: {e['chats']} chats × 4 turns × {e['turn_tokens']} tokens in {e['wall_s']} s "
                   f"(decode {e['decode_s']} s at {e['ms_per_step']} ms/step, batch padded to {e['rows_padded_to']}; "
-                  f"prefill {e['prefill_s']} s; capture {e['capture_s']} s)", ""]
+                  f"prefill {e['prefill_s']} s, {e.get('reused_prompt_tokens', 0):,} of {e.get('prompt_tokens', 0):,} prompt "
+                  f"tokens continued from the seat's cached turn; capture {e['capture_s']} s)", ""]
     if "projection" in res:
         p = res["projection"]
         lines += [f"projected full recipe: {p['total_min']} min (training {p['training_s']} s, {p['evals']} evals "

@@ -95,12 +95,19 @@ if triton is not None:
         return m_i, l_i, acc
 
     @triton.jit
+    def _rotated(ptr, offs, d, cs, sn, D: tl.constexpr, mask):
+        """Rows of head vectors at ``ptr + offs + d`` turned by RoPE: ``x·cos + rotate_half(x)·sin``, in fp32."""
+        x = tl.load(ptr + offs + d, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(ptr + offs + (d + D // 2) % D, mask=mask, other=0.0).to(tl.float32)
+        return x * cs + tl.where(d < D // 2, -x2, x2) * sn
+
+    @triton.jit
     def _decode_attention_kernel(
-        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, hole_ptr, col_ptr, out_ptr, acc_ptr, ml_ptr, cnt_ptr,
+        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, hole_ptr, col_ptr, cos_ptr, sin_ptr, out_ptr, acc_ptr, ml_ptr, cnt_ptr,
         s_qb, s_qh, s_qg, s_nb, s_nh, s_vb, s_vh, s_cb, s_ch, s_cs, s_ob, s_oh, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
         chunk, scale, KV,
         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr,
-        SPLITS: tl.constexpr,
+        SPLITS: tl.constexpr, ROPE: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -111,7 +118,13 @@ if triton is not None:
         g = tl.arange(0, GP)
         d = tl.arange(0, D)
         rows = g[:, None] < G
-        q = tl.load(q_ptr + b * s_qb + h * s_qh + g[:, None] * s_qg + d[None, :], mask=rows, other=0.0)
+        if ROPE:  # q and the token's k arrive unrotated: turned here, rounded once to their dtype
+            cs = tl.load(cos_ptr + b * D + d).to(tl.float32)
+            sn = tl.load(sin_ptr + b * D + d).to(tl.float32)
+            q = _rotated(q_ptr, b * s_qb + h * s_qh + g[:, None] * s_qg, d[None, :], cs[None, :], sn[None, :], D, rows)
+            q = q.to(q_ptr.dtype.element_ty)
+        else:
+            q = tl.load(q_ptr + b * s_qb + h * s_qh + g[:, None] * s_qg + d[None, :], mask=rows, other=0.0)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
@@ -123,7 +136,10 @@ if triton is not None:
         m_i, l_i, acc = _attend_columns(q, kc, vc, s_cs, lo, tl.minimum(hi, hole_lo), m_i, l_i, acc, scale, D, BLOCK, PREC)
         m_i, l_i, acc = _attend_columns(q, kc, vc, s_cs, tl.maximum(lo, hole_hi), hi, m_i, l_i, acc, scale, D, BLOCK, PREC)
         if s == 0:  # the token itself, from the new K/V (no program reads column ``col`` from the cache)
-            kn = tl.load(kn_ptr + b * s_nb + h * s_nh + d)
+            if ROPE:
+                kn = _rotated(kn_ptr, b * s_nb + h * s_nh, d, cs, sn, D, d < D).to(kn_ptr.dtype.element_ty)
+            else:
+                kn = tl.load(kn_ptr + b * s_nb + h * s_nh + d)
             vn = tl.load(vn_ptr + b * s_vb + h * s_vh + d)
             own = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
             m_new = tl.maximum(m_i, own)
@@ -160,13 +176,15 @@ if triton is not None:
 
 
 def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int,
-                     hole=None) -> torch.Tensor:
+                     hole=None, cos=None, sin=None) -> torch.Tensor:
     """Attention of one new token per row over its cache columns and itself: (B, kv, g, d), ``q``'s dtype.
 
     ``q``: (B, kv, g, d); ``k_new``/``v_new``: (B, kv, d), written into column ``col`` (a (1,)
     long tensor) of ``k_cache``/``v_cache`` (B, kv, S, d, last dim contiguous); ``pad_start``:
     (B,) each row's first real column; ``splits``: chunks the columns are cut into (``split_count``);
-    ``hole``: (B, 2) long, each row's columns ``[lo, hi)`` to skip (``None``: no hole).
+    ``hole``: (B, 2) long, each row's columns ``[lo, hi)`` to skip (``None``: no hole); ``cos``/``sin``:
+    (B, d) RoPE tables to turn ``q`` and ``k_new`` by first (``None``: they arrive turned). The cache
+    receives the turned ``k_new``.
     """
     n_rows, kv_heads, g, d = q.shape
     columns = k_cache.size(2)
@@ -181,23 +199,33 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
     ml = torch.empty(n_rows, kv_heads, kept, 2, g, dtype=torch.float32, device=q.device)
     if hole is None:
         hole = _no_hole(q.device, n_rows)
+    rope = cos is not None
+    if rope and (cos.shape != (n_rows, d) or sin.shape != (n_rows, d) or not (cos.is_contiguous() and sin.is_contiguous())):
+        raise ValueError("decode_attention's cos/sin are contiguous (rows, head dim) tables")
     elif hole.shape != (n_rows, 2) or not hole.is_contiguous():
         raise ValueError("decode_attention's hole is a contiguous (rows, 2) tensor of [lo, hi) columns")
     _decode_attention_kernel[(n_rows, kv_heads, splits)](
-        q, k_new, v_new, k_cache, v_cache, pad_start, hole, col, out, acc, ml, _counters(q.device, n_rows, kv_heads),
+        q, k_new, v_new, k_cache, v_cache, pad_start, hole, col, cos if rope else q, sin if rope else q, out, acc, ml, _counters(q.device, n_rows, kv_heads),
         q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
         acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
         chunk, scale, kv_heads, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK=BLOCK_N,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 (the guard) stays fp32, not TF32
-        SPLITS=splits,
+        SPLITS=splits, ROPE=rope,
     )
     return out
 
 
-def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float, hole=None) -> torch.Tensor:
+def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float, hole=None, cos=None,
+              sin=None) -> torch.Tensor:
     """The same attention in plain torch (fp32): the tests' yardstick."""
     n_rows, kv_heads, g, d = q.shape
+    if cos is not None:
+        def turn(x, c, s):
+            return x * c + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * s
+
+        q = turn(q.float(), cos.float()[:, None, None], sin.float()[:, None, None])
+        k_new = turn(k_new.float(), cos.float()[:, None], sin.float()[:, None])
     k = k_cache.float().clone()
     v = v_cache.float().clone()
     k[:, :, col] = k_new.float()

@@ -225,17 +225,32 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
         return layer_step
 
     if attention == "triton":
-        project_c, finish_c = wrap(project), wrap(finish)
+        # Fewer launches a layer: the kernel turns q and k by RoPE itself, and no residual add meets a
+        # matmul (inductor would make it an ``addmm``, which first copies the residual: a memcpy per
+        # matmul). The o-projection's add runs in the next norm's kernel, the MLP's in the next layer's.
+        def project_raw(x, delta, in_norm, qkv_w, qkv_b):
+            x = x + delta
+            n_rows = x.size(0)
+            q, k, v = _qkv(x, in_norm, qkv_w, qkv_b, arch)
+            return x, q.view(n_rows, kv_heads, g, d), k.view(n_rows, kv_heads, d), v.view(n_rows, kv_heads, d)
 
-        def layer_step(x, cos, sin, bounds, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
-            q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
+        def finish_apart(x, att, o_w, post_norm, gu_w, down_w):
+            x = (x.float() + F.linear(att.reshape(x.size(0), heads * d), o_w).float()).to(x.dtype)  # = the bf16 add
+            gate, up = F.linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
+            return x, F.linear(F.silu(gate) * up, down_w)
+
+        project_c, finish_c = wrap(project_raw), wrap(finish_apart)
+
+        def layer_step(carry, cos, sin, bounds, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+            x, q, k, v = project_c(*carry, in_norm, qkv_w, qkv_b)
             splits = da.split_count(x.size(0), kv_heads, k_cache.size(2), sms)
             pad_start, hole = bounds
-            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits, hole)
+            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits, hole, cos, sin)
             return finish_c(x, att, o_w, post_norm, gu_w, down_w), None, None
 
         layer_step.sees_own_column = True
         layer_step.takes_bounds = True  # no mask: the kernel reads columns [pad_start, col] outside the hole
+        layer_step.carries_residual = True  # x is (residual, its pending add); cos/sin (B, d) go to the kernel
         return layer_step
 
     def fused(x, cos, sin, blocked, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
@@ -278,12 +293,19 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
         blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= (col + 1 if own else col))
                    | ((cols[None, :] >= hole[:, :1]) & (cols[None, :] < hole[:, 1:])))[:, None, None, :]
         mask = ~blocked if own else blocked  # the sdpa form takes the columns it may see (inverted once a step)
+    carries = getattr(layer_step, "carries_residual", False)
+    if carries:
+        x, rope = (x, torch.zeros_like(x)), (cos, sin)
+    else:
+        rope = (cos[:, None], sin[:, None])
     new_k, new_v = [], []
     for i in range(k_cache.size(0)):
-        x, k, v = layer_step(x, cos[:, None], sin[:, None], mask, col, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
+        x, k, v = layer_step(x, *rope, mask, col, k_cache[i], v_cache[i], *w[7 * i : 7 * i + 7])
         if k is not None:
             new_k.append(k)
             new_v.append(v)
+    if carries:
+        x = x[0] + x[1]
     logits = F.linear(_rms_norm(x, w[-3], eps), w[-1])
     nxt, logp = sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, u)
     if not new_k:  # the layers wrote their K/V themselves

@@ -36,16 +36,23 @@ for B, kv, g, d, S, col, splits in [(3, 2, 6, 128, 256, 200, 4), (2, 1, 4, 32, 1
     lo = torch.minimum(pad + torch.randint(0, 40, (B,)), torch.tensor(col))
     hi = torch.minimum(lo + torch.randint(1, 150, (B,)), torch.tensor(col))
     lo[-1] = hi[-1] = 0
-    for hole in (None, torch.stack([lo, hi], 1).contiguous()):
-        want = da.reference(q, kn, vn, kc, vc, pad, col, 0.125, hole)
+    # and RoPE applied inside the kernel: q and the token's k arrive unturned, the cache gets the turned k
+    angle = torch.rand(B, d // 2) * 6.28
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    turned = kn * cos[:, None] + torch.cat([-kn[..., d // 2 :], kn[..., : d // 2]], -1) * sin[:, None]
+    for hole, rope in ((None, None), (torch.stack([lo, hi], 1).contiguous(), None), (None, (cos, sin))):
+        want = da.reference(q, kn, vn, kc, vc, pad, col, 0.125, hole, *(rope or ()))
         before = kc.clone()
-        got = da.decode_attention(q, kn, vn, kc, vc, pad, torch.tensor([col]), 0.125, splits, hole)
-        assert torch.equal(kc[:, :, col], kn) and torch.equal(vc[:, :, col], vn), "token K/V not written"
+        got = da.decode_attention(q, kn, vn, kc, vc, pad, torch.tensor([col]), 0.125, splits, hole, *(rope or ()))
+        assert torch.allclose(kc[:, :, col], turned if rope else kn, atol=1e-6), "token K not written"
+        assert torch.equal(vc[:, :, col], vn), "token V not written"
         others = torch.ones(S, dtype=torch.bool)
         others[col] = False
         assert torch.equal(kc[:, :, others], before[:, :, others]), "other cache columns changed"
         worst = max(worst, (got - want).abs().max().item())
         assert not da._counters(q.device, B, kv).any(), "split counters not reset"
+        if rope is not None:  # the turn mattered
+            assert (got - da.reference(q, kn, vn, kc, vc, pad, col, 0.125)).abs().max() > 1e-3
         if hole is not None and ((hi > torch.maximum(lo, pad)) & (pad < col)).any():  # the hole's columns are left out
             assert (got - da.reference(q, kn, vn, kc, vc, pad, col, 0.125)).abs().max() > 1e-3
 print("MAXDIFF", worst)
@@ -74,6 +81,9 @@ out = fast.generate(prompts, on, Sampling(max_new_tokens=12, temperature=0.9))
 diff = max((torch.tensor(lp) - _logprobs_at_temperature(model, p, c, a, 0.9)).abs().max().item()
            for p, c, lp, a in zip(prompts, out, fast.last_logprobs, on))
 print("GREEDY", got == want, "LOGPDIFF", diff)
+# the compiled pieces around the kernel (inductor's CPU backend here; on a GPU, Triton)
+compiled = FastGenerator(model, tok, graphs=False, compile=True, attention="triton")
+print("COMPILED", compiled.generate(prompts, on, GREEDY) == want)
 # chats whose seats continue their cached turns (holes of several sizes) are generate's chats
 from tests.test_fastdecode import _play_both
 probe = _play_both(model, tok, attention="triton")[1]
@@ -100,6 +110,7 @@ def test_engine_with_the_kernel_gives_generate_tokens_and_the_log_probs_of_a_for
     out = _interpret(ENGINE_CHECK)
     assert "GREEDY True" in out, out
     assert "LANES True True" in out, out
+    assert "COMPILED True" in out, out
     assert float(out.split("LOGPDIFF")[1].split()[0]) < 1e-4, out
 
 
