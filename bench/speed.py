@@ -273,9 +273,14 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     parts = group_by_length(batch, args.micro_batches, width_step_for(device))  # as the trainer
 
     def step():
+        total = 0.0
         for mb in parts:
-            trainer.compute_loss(model, {**mb, "num_items_in_batch": n_items}).backward()
+            loss = trainer.compute_loss(model, {**mb, "num_items_in_batch": n_items})
+            loss.backward()
+            total += loss.detach()
+        grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
         model.zero_grad(set_to_none=True)
+        return float(total), grads
 
     step()  # allocator and autotuning warm-up
     _, wall = _timed(step)
@@ -299,6 +304,19 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
            "gpu_ms": round(sum(t for t, _ in kern.values()) / 1000, 1),
            "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
            "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top]}
+    if args.train_compile:  # experiment: every decoder layer torch.compile'd (dynamic shapes), same batch
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        for mb in parts:  # random weights score 0 everywhere: non-zero advantages make the comparison bite
+            mb["advantages"] = torch.linspace(-1, 1, mb["advantages"].numel(), device=device).view_as(mb["advantages"])
+        (loss_e, grads_e), _ = _timed(step)
+        for layer in base.model.layers:
+            layer.compile(dynamic=True)
+        _, first = _timed(step)
+        step()
+        (loss_c, grads_c), wall_c = _timed(step)
+        res["compiled_layers"] = {"wall_s": round(wall_c, 3), "first_step_s": round(first, 1),
+                                  "loss_eager": loss_e, "loss_compiled": loss_c,
+                                  "grad_rel_diff": float((grads_c - grads_e).norm() / grads_e.norm().clamp(min=1e-30))}
     log.info("%s", res)
     del trainer, model
     _free()
@@ -404,6 +422,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms of the arms section")
     ap.add_argument("--micro-batches", type=int, default=None,
                     help="micro-batches a training step is split into (default 4, as config.yaml)")
+    ap.add_argument("--train-compile", action="store_true",
+                    help="experiment: also time the profiled training step with every decoder layer torch.compile'd")
     ap.add_argument("--no-pack", dest="pack_seats", action="store_false",
                     help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)")
     args = ap.parse_args(argv)

@@ -272,8 +272,23 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
     return layer_step
 
 
+def step_start(tok, pos, embed, inv_freq, rope_scale: float):
+    """A decode step's input: the tokens' embeddings and their RoPE tables (B, d)."""
+    x = F.embedding(tok, embed)
+    cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
+    return x, cos, sin
+
+
+def step_head(x, delta, norm_w, head_w, u, eps: float, temperature: float, top_k: int, top_p: float):
+    """A decode step's output: the next token per row and its log-prob (``delta``: a pending residual add)."""
+    if delta is not None:
+        x = x + delta
+    logits = F.linear(_rms_norm(x, norm_w, eps), head_w)
+    return sample_with_logprob(logits, temperature, top_k, top_p, u)
+
+
 def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, eps: float, tok, pos, col,
-                pad_start, hole, u, k_cache, v_cache, sampling: Sampling):
+                pad_start, hole, u, k_cache, v_cache, sampling: Sampling, start=step_start, head=step_head):
     """One decode step for every row: the new token's K/V, the next token and its log-prob.
 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
@@ -281,10 +296,10 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     stale tail, see ``FastGenerator``; ``[0, 0)`` when none); ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
     (L, B, kv, S, d) views (columns ``>= col`` are ignored; the ``sdpa`` form writes column ``col``).
     Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d) for the caller to write into the cache
-    (``None`` when the layers wrote them, the ``sdpa`` form).
+    (``None`` when the layers wrote them, the ``sdpa`` form). ``start``/``head``: ``step_start`` and
+    ``step_head``, or their compiled forms (a GPU: a few fused kernels in place of ~40 small ones).
     """
-    x = F.embedding(tok, w[-2])
-    cos, sin = _rope_tables(inv_freq, rope_scale, pos, x.dtype)
+    x, cos, sin = start(tok, pos, w[-2], inv_freq, rope_scale)
     own = getattr(layer_step, "sees_own_column", False)
     if getattr(layer_step, "takes_bounds", False):
         mask = (pad_start, hole)
@@ -304,10 +319,8 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
         if k is not None:
             new_k.append(k)
             new_v.append(v)
-    if carries:
-        x = x[0] + x[1]
-    logits = F.linear(_rms_norm(x, w[-3], eps), w[-1])
-    nxt, logp = sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, u)
+    x, delta = x if carries else (x, None)
+    nxt, logp = head(x, delta, w[-3], w[-1], u, eps, sampling.temperature, sampling.top_k, sampling.top_p)
     if not new_k:  # the layers wrote their K/V themselves
         return nxt, logp, None, None
     return nxt, logp, torch.stack(new_k), torch.stack(new_v)
@@ -472,6 +485,7 @@ class FastGenerator(PlainGenerator):
         self.attention = attention
         self._wrap = (lambda f: torch.compile(f, fullgraph=True)) if compile else None
         self._layers: dict[str, object] = {}
+        self._ends = (self._wrap(step_start), self._wrap(step_head)) if self._wrap else (step_start, step_head)
         dynamic = (lambda f: torch.compile(f, fullgraph=True, dynamic=True)) if compile else None
         self._prefill_layer = make_prefill_layer(self.arch, dynamic)
         self._extend_layer = make_extend_layer(self.arch, dynamic)
@@ -554,9 +568,9 @@ class FastGenerator(PlainGenerator):
             fed, base = [p[c:] for p, c in zip(prompts, cached, strict=True)], reused[0].end
         width = max(len(p) for p in fed)
         columns = -(-(base + width + steps) // COLUMN_BUCKET) * COLUMN_BUCKET
-        # a lane's first turn leaves room for its next (the partner's reply, one more turn)
-        room = 3 * steps + 64 if lane is not None and state is None else 0
-        slots = self._slots_for(rows, columns + room, steps, lane)
+        # a lane's first turn leaves room for its next: this turn, the partner's reply, one more turn
+        need = base + width + 3 * steps + 64 if lane is not None and state is None else columns
+        slots = self._slots_for(rows, max(columns, need), steps, lane)
         t0 = time.perf_counter()
         graph = self._graph_for(slots, rows, columns, weights, sampling, lane) if self.graphs else None
         self.timing["capture_s"] += time.perf_counter() - t0
@@ -646,7 +660,8 @@ class FastGenerator(PlainGenerator):
         u = slots.u.index_select(0, slots.step.clamp(max=slots.steps - 1))[0]
         nxt, logp, k, v = decode_math(
             self._layer_for(slots.tok.size(0)), weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
-            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
+            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling,
+            *self._ends)
         if k is not None:
             slots.k.index_copy_(3, slots.col, k[:, :, :, None])
             slots.v.index_copy_(3, slots.col, v[:, :, :, None])
