@@ -535,6 +535,11 @@ def table(res: dict) -> str:
                   f"{t['wall_s']} s wall ({t['tokens_per_s']:,} tok/s, {t['tflops_4n']} TFLOP/s at 4·N a token), "
                   f"{t['gpu_ms']} ms of kernels: " + ", ".join(f"{k} {v}" for k, v in t["by_kind_ms"].items()) + " ms"]
         lines += [f"- {k['ms']} ms in {k['calls']} calls: {k['kernel']}" for k in t["top"]]
+        if "compiled_layers" in t:
+            c = t["compiled_layers"]
+            lines += [f"- the same step with every decoder layer torch.compile'd (experiment, non-zero advantages): "
+                      f"{c['wall_s']} s (first step {c['first_step_s']} s); loss {c['loss_compiled']:.6g} against "
+                      f"{c['loss_eager']:.6g} eager, gradients {c['grad_rel_diff']:.2e} apart (relative norm)"]
         lines.append("")
     if "eval" in res:
         e = res["eval"]
