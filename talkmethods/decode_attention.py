@@ -65,6 +65,7 @@ def _counters(device, n_rows: int, kv_heads: int) -> torch.Tensor:
 
 
 def _no_hole(device, n_rows: int) -> torch.Tensor:
+    """An empty hole ``[0, 0)`` per row, kept like the counters (CUDA graphs hold its address)."""
     key = (str(device), n_rows, "hole")
     if key not in _COUNTERS:
         _COUNTERS[key] = torch.zeros(n_rows, 2, dtype=torch.long, device=device)
@@ -202,7 +203,7 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
     rope = cos is not None
     if rope and (cos.shape != (n_rows, d) or sin.shape != (n_rows, d) or not (cos.is_contiguous() and sin.is_contiguous())):
         raise ValueError("decode_attention's cos/sin are contiguous (rows, head dim) tables")
-    elif hole.shape != (n_rows, 2) or not hole.is_contiguous():
+    if hole.shape != (n_rows, 2) or not hole.is_contiguous():
         raise ValueError("decode_attention's hole is a contiguous (rows, 2) tensor of [lo, hi) columns")
     _decode_attention_kernel[(n_rows, kv_heads, splits)](
         q, k_new, v_new, k_cache, v_cache, pad_start, hole, col, cos if rope else q, sin if rope else q, out, acc, ml, _counters(q.device, n_rows, kv_heads),

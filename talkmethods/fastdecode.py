@@ -272,6 +272,11 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
     return layer_step
 
 
+def _visible(cols, pad_start, hole_lo, hole_hi, end):
+    """Cache columns a query sees (broadcast): from its row's first real column, outside its hole, before ``end``."""
+    return (cols >= pad_start) & ((cols < hole_lo) | (cols >= hole_hi)) & (cols < end)
+
+
 def step_start(tok, pos, embed, inv_freq, rope_scale: float):
     """A decode step's input: the tokens' embeddings and their RoPE tables (B, d)."""
     x = F.embedding(tok, embed)
@@ -288,7 +293,7 @@ def step_head(x, delta, norm_w, head_w, u, eps: float, temperature: float, top_k
 
 
 def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, eps: float, tok, pos, col,
-                pad_start, hole, u, k_cache, v_cache, sampling: Sampling, start=step_start, head=step_head):
+                pad_start, hole, u, k_cache, v_cache, sampling: Sampling):
     """One decode step for every row: the new token's K/V, the next token and its log-prob.
 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
@@ -296,18 +301,16 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     stale tail, see ``FastGenerator``; ``[0, 0)`` when none); ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
     (L, B, kv, S, d) views (columns ``>= col`` are ignored; the ``sdpa`` form writes column ``col``).
     Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d) for the caller to write into the cache
-    (``None`` when the layers wrote them, the ``sdpa`` form). ``start``/``head``: ``step_start`` and
-    ``step_head``, or compiled forms of them.
+    (``None`` when the layers wrote them, the ``sdpa`` form).
     """
-    x, cos, sin = start(tok, pos, w[-2], inv_freq, rope_scale)
+    x, cos, sin = step_start(tok, pos, w[-2], inv_freq, rope_scale)
     own = getattr(layer_step, "sees_own_column", False)
     if getattr(layer_step, "takes_bounds", False):
         mask = (pad_start, hole)
     else:
         cols = torch.arange(k_cache.size(3), device=tok.device)
-        blocked = ((cols[None, :] < pad_start[:, None]) | (cols[None, :] >= (col + 1 if own else col))
-                   | ((cols[None, :] >= hole[:, :1]) & (cols[None, :] < hole[:, 1:])))[:, None, None, :]
-        mask = ~blocked if own else blocked  # the sdpa form takes the columns it may see (inverted once a step)
+        seen = _visible(cols[None, :], pad_start[:, None], hole[:, :1], hole[:, 1:], col + 1 if own else col)[:, None, None, :]
+        mask = seen if own else ~seen  # the sdpa form takes the columns it may see, the others those it may not
     carries = getattr(layer_step, "carries_residual", False)
     if carries:
         x, rope = (x, torch.zeros_like(x)), (cos, sin)
@@ -320,7 +323,7 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
             new_k.append(k)
             new_v.append(v)
     x, delta = x if carries else (x, None)
-    nxt, logp = head(x, delta, w[-3], w[-1], u, eps, sampling.temperature, sampling.top_k, sampling.top_p)
+    nxt, logp = step_head(x, delta, w[-3], w[-1], u, eps, sampling.temperature, sampling.top_k, sampling.top_p)
     if not new_k:  # the layers wrote their K/V themselves
         return nxt, logp, None, None
     return nxt, logp, torch.stack(new_k), torch.stack(new_v)
@@ -447,7 +450,6 @@ class _Lane:
     """
 
     n: int
-    version: int
     starts: list[int]
     tokens: list[list[int]]
     end: int
@@ -475,7 +477,6 @@ class FastGenerator(PlainGenerator):
         self.dtype = self.weights[False].tensors[1].dtype
         self._slots: dict[tuple, _Slots] = {}  # (rows, lane): a lane keeps its own cache
         self._lanes: dict[tuple, _Lane] = {}
-        self._version = 0  # bumped by sync_weights: cached K/V of older weights are not reused
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
         # Only the layer is compiled: one small graph serves all 28 layers (compiles in seconds, not
@@ -485,8 +486,6 @@ class FastGenerator(PlainGenerator):
         self.attention = attention
         self._wrap = (lambda f: torch.compile(f, fullgraph=True)) if compile else None
         self._layers: dict[str, object] = {}
-        # the step's ends run as plain torch: compiling them (fewer small kernels) is not yet measured on a GPU
-        self._ends = (step_start, step_head)
         dynamic = (lambda f: torch.compile(f, fullgraph=True, dynamic=True)) if compile else None
         self._prefill_layer = make_prefill_layer(self.arch, dynamic)
         self._extend_layer = make_extend_layer(self.arch, dynamic)
@@ -528,18 +527,17 @@ class FastGenerator(PlainGenerator):
         """Fold the adapter's current weights into the inference copy (after each optimizer step)."""
         if self.is_peft:
             self.weights[True].refresh()
-        self._version += 1
-        self._lanes.clear()
+        self._lanes.clear()  # cached K/V of the old weights are not continued
 
     def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling,
                  lane: str | None = None) -> list[list[int]]:
         """Sample a completion per prompt (``PlainGenerator.generate``), keeping K/V per ``lane``.
 
-        A lane is a sequence of turns over the same rows (``play_chats``: a seat). When every prompt
-        of a lane's turn starts with what the lane's previous turn left in its cache (that prompt and
-        its completion, the seat's own words as sampled), only the rest is prefilled: a seat's second
-        turn prefills the partner's reply, not the whole dialogue. Rows that do not continue (and
-        turns after new weights) are prefilled whole. A lane continues once, then starts afresh.
+        A lane is a sequence of turns over the same rows (``play_chats``: a seat). A prompt that starts
+        with what its row left in the lane's cache last turn (that prompt and its completion, the
+        seat's own words as sampled) has only the rest prefilled: a seat's second turn prefills the
+        partner's reply, not the whole dialogue. Other rows (and every row after new weights) are
+        prefilled whole. A lane continues once, then starts afresh.
         """
         if not self.is_peft and any(adapter_on):
             raise ValueError("adapter requested but the model has no adapter")
@@ -566,7 +564,7 @@ class FastGenerator(PlainGenerator):
             state, fed, base = None, prompts, 0
         else:  # the rest of each prompt, after the columns the lane's last turn wrote
             state, cached = reused
-            fed, base = [p[c:] for p, c in zip(prompts, cached, strict=True)], reused[0].end
+            fed, base = [p[c:] for p, c in zip(prompts, cached, strict=True)], state.end
         width = max(len(p) for p in fed)
         columns = -(-(base + width + steps) // COLUMN_BUCKET) * COLUMN_BUCKET
         # a lane's first turn leaves room for its next: this turn, the partner's reply, one more turn
@@ -631,14 +629,14 @@ class FastGenerator(PlainGenerator):
         trimmed = self._trim(slots.out_tok[:n].cpu())
         lps = slots.out_logp[:n].tolist()
         if lane is not None and state is None:  # what the next turn of this lane may continue
-            self._lanes[lane] = _Lane(n=n, version=self._version, starts=slots.pad_start[:n].tolist(),
+            self._lanes[lane] = _Lane(n=n, starts=slots.pad_start[:n].tolist(),
                                       tokens=[p + c[:-1] for p, c in zip(prompts, trimmed, strict=True)],
                                       end=base + width + t - 1)
         return trimmed, [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
 
     def _continues(self, state: _Lane | None, prompts) -> tuple[_Lane, list[int]] | None:
         """The lane state and each row's cached length, if any row's prompt continues what is cached."""
-        if state is None or state.version != self._version or state.n != len(prompts):
+        if state is None or state.n != len(prompts):
             return None
         cached = [len(t) if len(p) > len(t) and p[: len(t)] == t else 0 for p, t in zip(prompts, state.tokens, strict=True)]
         return (state, cached) if any(cached) else None
@@ -661,8 +659,7 @@ class FastGenerator(PlainGenerator):
         u = slots.u.index_select(0, slots.step.clamp(max=slots.steps - 1))[0]
         nxt, logp, k, v = decode_math(
             self._layer_for(slots.tok.size(0)), weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
-            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling,
-            *self._ends)
+            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
         if k is not None:
             slots.k.index_copy_(3, slots.col, k[:, :, :, None])
             slots.v.index_copy_(3, slots.col, v[:, :, :, None])
@@ -680,9 +677,8 @@ class FastGenerator(PlainGenerator):
         logits = []
         for s in range(0, ids.size(0), chunk):
             pad, hole = slots.pad_start[s : s + chunk, None, None], slots.hole[s : s + chunk, None]
-            seen = (cols >= pad) & ((cols < hole[..., :1]) | (cols >= hole[..., 1:])) & (cols <= query_col[:, None])
-            # a padding query sees itself, so no row of the softmax is empty
-            allowed = seen | (cols == query_col[:, None])
+            seen = _visible(cols, pad, hole[..., :1], hole[..., 1:], query_col[:, None] + 1)
+            allowed = seen | (cols == query_col[:, None])  # a padding query sees itself: no softmax row is empty
             logits.append(extend_math(weights.tensors, weights.inv_freq, ids[s : s + chunk], positions[s : s + chunk],
                                       allowed, slots.k[:, s : s + chunk], slots.v[:, s : s + chunk], base, self.arch,
                                       weights.rope_scale, self._extend_layer))
