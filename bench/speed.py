@@ -38,8 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from talkmethods import decode_attention as da  # noqa: E402
+from talkmethods import decode_sampling as ds  # noqa: E402
 from talkmethods.atomic import write_json  # noqa: E402
-from talkmethods.engine import ENGINES  # noqa: E402
+from talkmethods.engine import ENGINES, sample_with_logprob  # noqa: E402
 from talkmethods.fastdecode import FastGenerator, batch_bucket  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype  # noqa: E402
 from talkmethods.rollout import PlainGenerator, Sampling  # noqa: E402
@@ -108,8 +109,9 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
             ref = lp.gather(-1, torch.tensor(got[i], device=device)[:, None])[:, 0].cpu()
             worst = max(worst, (ref - torch.tensor(got_logprobs[i])).abs().max().item())
     kernel = _kernel_check(device, model.config) if da.available(device) else None
+    sampler = _sampler_check(device, model.config.vocab_size) if ds.handles(device, 0, 1.0, 2) else None
     out = {"rows": len(prompts), "tokens_per_row": args.guard_tokens, "identical": got == plain,
-           "decode_attention_bf16_max_abs_diff": kernel,
+           "decode_attention_bf16_max_abs_diff": kernel, "sampler": sampler,
            "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
            "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
            "logp_max_abs_diff_fp32": worst, "graphs": fast.graphs, "attention": args.attention[0]}
@@ -130,6 +132,25 @@ def _kernel_check(device, cfg) -> float:
     got = da.decode_attention(q, kn, vn, kc, vc, pad, torch.tensor([700], device=device), d ** -0.5,
                               da.split_count(32, kv, 1024, 132))
     return (got.float().cpu() - want).abs().max().item()
+
+
+def _sampler_check(device, vocab: int) -> dict:
+    """The Triton sampler against ``engine``'s torch rule on the same bf16 logits (batch 32, 20 draws).
+
+    Tokens may differ only where ``u`` × total falls within fp32 rounding of a token boundary.
+    """
+    gen = torch.Generator(device=device).manual_seed(0)
+    same = rows = 0
+    worst = 0.0
+    for _ in range(20):
+        logits = (torch.randn(32, vocab, device=device, generator=gen) * 4).to(torch.bfloat16)
+        u = torch.rand(32, device=device, generator=gen)
+        tok, logp = ds.sample_with_logprob(logits, 1.0, u)
+        want, _ = sample_with_logprob(logits, 1.0, 0, 1.0, u)
+        same, rows = same + int((tok == want).sum()), rows + 32
+        ref = logits.float().log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+        worst = max(worst, (logp - ref).abs().max().item())
+    return {"same_tokens": same, "rows": rows, "logp_max_abs_diff": worst}
 
 
 def _free():
@@ -507,7 +528,9 @@ def table(res: dict) -> str:
                   f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows); adapter changes output: "
                   f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}"
                   + (f"; Triton decode attention in bf16 vs fp32 softmax: max |Δ| {g['decode_attention_bf16_max_abs_diff']:.1e}"
-                     if g.get("decode_attention_bf16_max_abs_diff") is not None else ""), ""]
+                     if g.get("decode_attention_bf16_max_abs_diff") is not None else "")
+                  + (f"; Triton sampler vs torch's rule: {g['sampler']['same_tokens']}/{g['sampler']['rows']} tokens equal, "
+                     f"max |Δ log-prob| {g['sampler']['logp_max_abs_diff']:.1e}" if g.get("sampler") else ""), ""]
     if "decode" in res:
         lines += ["| engine | batch | prompt | new tokens | ms / decode step | tokens/s | prefill s | turn s |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from talkmethods import decode_attention as da
+from talkmethods import decode_sampling as ds
 from talkmethods.engine import sample_with_logprob
 from talkmethods.rollout import PlainGenerator, Sampling
 
@@ -178,6 +179,21 @@ ATTENTION_FORMS = ("matmul", "vt", "reduce", "sdpa", "triton")
 
 
 def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms: int = 132):
+    """``_layer_step``'s layer; with ``compile_fn`` it also carries the step's two ends compiled (``ends``).
+
+    The ends (embedding and RoPE tables; the final norm and the LM head) are ~20 small launches a
+    step when eager; compiled, a few.
+    """
+    layer_step = _layer_step(arch, attention, compile_fn, sms)
+    if compile_fn is not None and COMPILE_ENDS:
+        layer_step.ends = (compile_fn(step_start), compile_fn(head_logits))
+    return layer_step
+
+
+COMPILE_ENDS = True
+
+
+def _layer_step(arch: Arch, attention: str, compile_fn, sms: int):
     """One transformer layer for one new token per row; ``compile_fn`` (``torch.compile`` on a GPU) wraps its maths.
 
     ``x``: (B, H) hidden states; ``cos``/``sin``: (B, 1, d); ``blocked``: (B, 1, 1, S) cache columns a
@@ -284,12 +300,18 @@ def step_start(tok, pos, embed, inv_freq, rope_scale: float):
     return x, cos, sin
 
 
-def step_head(x, delta, norm_w, head_w, u, eps: float, temperature: float, top_k: int, top_p: float):
-    """A decode step's output: the next token per row and its log-prob (``delta``: a pending residual add)."""
+def head_logits(x, delta, norm_w, head_w, eps: float):
+    """The LM head's logits of the last layer's output (``delta``: a pending residual add)."""
     if delta is not None:
         x = x + delta
-    logits = F.linear(_rms_norm(x, norm_w, eps), head_w)
-    return sample_with_logprob(logits, temperature, top_k, top_p, u)
+    return F.linear(_rms_norm(x, norm_w, eps), head_w)
+
+
+def sample(logits, u, sampling: Sampling):
+    """``engine.sample_with_logprob``; plain sampling on a GPU through the two-kernel sampler (``decode_sampling``)."""
+    if ds.handles(logits.device, sampling.top_k, sampling.top_p, logits.size(-1)):
+        return ds.sample_with_logprob(logits, sampling.temperature, u)
+    return sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, u)
 
 
 def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, eps: float, tok, pos, col,
@@ -303,7 +325,8 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d) for the caller to write into the cache
     (``None`` when the layers wrote them, the ``sdpa`` form).
     """
-    x, cos, sin = step_start(tok, pos, w[-2], inv_freq, rope_scale)
+    start, head = getattr(layer_step, "ends", (step_start, head_logits))
+    x, cos, sin = start(tok, pos, w[-2], inv_freq, rope_scale)
     own = getattr(layer_step, "sees_own_column", False)
     if getattr(layer_step, "takes_bounds", False):
         mask = (pad_start, hole)
@@ -323,7 +346,7 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
             new_k.append(k)
             new_v.append(v)
     x, delta = x if carries else (x, None)
-    nxt, logp = step_head(x, delta, w[-3], w[-1], u, eps, sampling.temperature, sampling.top_k, sampling.top_p)
+    nxt, logp = sample(head(x, delta, w[-3], w[-1], eps), u, sampling)
     if not new_k:  # the layers wrote their K/V themselves
         return nxt, logp, None, None
     return nxt, logp, torch.stack(new_k), torch.stack(new_v)
@@ -605,7 +628,7 @@ class FastGenerator(PlainGenerator):
             logits = self._extend(weights, ids, positions, slots, base)
         self.timing["prompt_tokens"] += sum(len(p) for p in prompts)
         self.timing["reused_tokens"] += 0 if state is None else sum(cached)
-        tok, logp = sample_with_logprob(logits, sampling.temperature, sampling.top_k, sampling.top_p, slots.u[0])
+        tok, logp = sample(logits, slots.u[0], sampling)
         self._record(slots, tok, logp)
         self._sync()
         t1 = time.perf_counter()

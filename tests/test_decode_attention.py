@@ -115,8 +115,8 @@ def test_engine_with_the_kernel_gives_generate_tokens_and_the_log_probs_of_a_for
 
 
 def test_split_count_fills_the_gpu_and_never_exceeds_the_column_blocks():
-    from talkmethods.decode_attention import BLOCK_N, split_count
+    from talkmethods.decode_attention import BLOCK_N, PROGRAMS_PER_SM, split_count
 
-    assert split_count(32, 2, 1024, 132) * 64 >= 4 * 132  # batch 32: enough programs for 132 SMs
+    assert split_count(32, 2, 1024, 132) * 64 >= PROGRAMS_PER_SM * 132  # batch 32: enough programs for 132 SMs
     assert split_count(640, 2, 1024, 132) == 1  # batch 640 fills the GPU by itself
     assert split_count(1, 1, 100, 132) == -(-100 // BLOCK_N)
