@@ -19,7 +19,8 @@ What makes it fast (DESIGN §4), in the order it matters on a GPU:
 * **Sampling on the device** from uniforms drawn once per turn (inverse CDF, top-k before top-p,
   the same rule as ``engine.pick_token``, searched in 128-token blocks so no full-vocabulary scan
   or sort runs), and the per-token log-prob of every sampled token under ``softmax(logits / T)``:
-  the trainer compares it with its own (``train_log.jsonl``: ``logp_diff_max``).
+  the trainer compares it with its own (``train_log.jsonl``: ``logp_diff_max``). Plain sampling
+  (the training rollouts: temperature only) is two Triton kernels on a GPU (``decode_sampling``).
 
 On a CPU (tests, the offline default) the same maths runs eagerly, without compile or graphs.
 """
@@ -502,8 +503,9 @@ class FastGenerator(PlainGenerator):
         self._lanes: dict[tuple, _Lane] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
-        # Only the layer is compiled: one small graph serves all 28 layers (compiles in seconds, not
-        # minutes), shapes become symbolic after the second batch/column size; the head samples eagerly.
+        # The layer is compiled once for all 28 layers (seconds, not minutes), and the step's two ends
+        # beside it; shapes become symbolic after the second batch/column size. Sampling is not
+        # compiled: plain sampling runs as two Triton kernels (decode_sampling), top-k/top-p in torch.
         if attention != "auto" and attention not in ATTENTION_FORMS:
             raise ValueError(f"unknown attention form {attention!r}; auto or one of {ATTENTION_FORMS}")
         self.attention = attention
