@@ -3,7 +3,7 @@
 Builds the Qwen2.5-1.5B architecture with random weights (no download) and, in one process:
 
 1. **guard**: fp32 greedy tokens of the fast engine (compiled, CUDA graphs, merged weights) against
-   ``generate`` on the PEFT model with a non-zero adapter, adapter and base rows in one batch;
+   ``generate`` on the PEFT model with a non-zero adapter, adapter and base rows in one call;
 2. **decode**: ms per decode step and tokens/s at batch 32 and 600, fixed turn length, for the fast
    engine and the baseline (plain eager ``generate`` with the unmerged adapter) on the same prompts;
 3. **arms**: a few real training steps of every arm (TalkTrainer, fast engine): generation and
@@ -89,7 +89,7 @@ def _prompts(tokenizer, n: int, width: int, seed: int = 0) -> list[list[int]]:
 
 
 def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
-    """fp32 greedy tokens: fast engine == generate, adapter and base rows in one batch."""
+    """fp32 greedy tokens: fast engine == generate, adapter and base rows in one call."""
     model = _peft(load_model(spec, torch.float32, device), r=args.lora_r, b_scale=0.2)
     prompts = _prompts(tokenizer, 8, 64, seed=1)
     adapter_on = [True, False] * 4
@@ -524,7 +524,7 @@ def table(res: dict) -> str:
              f"torch {res['versions']['torch']}, transformers {res['versions']['transformers']}", ""]
     if "guard" in res:
         g = res["guard"]
-        lines += [f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one batch): "
+        lines += [f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one call): "
                   f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows); adapter changes output: "
                   f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}"
                   + (f"; Triton decode attention in bf16 vs fp32 softmax: max |Δ| {g['decode_attention_bf16_max_abs_diff']:.1e}"

@@ -177,7 +177,7 @@ if triton is not None:
 
 
 def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int,
-                     hole=None, cos=None, sin=None) -> torch.Tensor:
+                     hole=None, cos=None, sin=None, counters=None) -> torch.Tensor:
     """Attention of one new token per row over its cache columns and itself: (B, kv, g, d), ``q``'s dtype.
 
     ``q``: (B, kv, g, d); ``k_new``/``v_new``: (B, kv, d), written into column ``col`` (a (1,)
@@ -185,7 +185,9 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
     (B,) each row's first real column; ``splits``: chunks the columns are cut into (``split_count``);
     ``hole``: (B, 2) long, each row's columns ``[lo, hi)`` to skip (``None``: no hole); ``cos``/``sin``:
     (B, d) RoPE tables to turn ``q`` and ``k_new`` by first (``None``: they arrive turned). The cache
-    receives the turned ``k_new``.
+    receives the turned ``k_new``. ``counters``: zeroed int32, one per (row, KV head), that the splits
+    count on and leave zeroed (``None``: the process's shared ones; two launches that may run at once,
+    on two streams, need their own).
     """
     n_rows, kv_heads, g, d = q.shape
     columns = k_cache.size(2)
@@ -205,8 +207,12 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
         raise ValueError("decode_attention's cos/sin are contiguous (rows, head dim) tables")
     if hole.shape != (n_rows, 2) or not hole.is_contiguous():
         raise ValueError("decode_attention's hole is a contiguous (rows, 2) tensor of [lo, hi) columns")
+    if counters is None:
+        counters = _counters(q.device, n_rows, kv_heads)
+    elif counters.dtype != torch.int32 or counters.numel() < n_rows * kv_heads:
+        raise ValueError("decode_attention's counters are int32, one per (row, KV head)")
     _decode_attention_kernel[(n_rows, kv_heads, splits)](
-        q, k_new, v_new, k_cache, v_cache, pad_start, hole, col, cos if rope else q, sin if rope else q, out, acc, ml, _counters(q.device, n_rows, kv_heads),
+        q, k_new, v_new, k_cache, v_cache, pad_start, hole, col, cos if rope else q, sin if rope else q, out, acc, ml, counters,
         q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
         acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -261,8 +262,8 @@ def _layer_step(arch: Arch, attention: str, compile_fn, sms: int):
         def layer_step(carry, cos, sin, bounds, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
             x, q, k, v = project_c(*carry, in_norm, qkv_w, qkv_b)
             splits = da.split_count(x.size(0), kv_heads, k_cache.size(2), sms)
-            pad_start, hole = bounds
-            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits, hole, cos, sin)
+            pad_start, hole, counters = bounds
+            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits, hole, cos, sin, counters)
             return finish_c(x, att, o_w, post_norm, gu_w, down_w), None, None
 
         layer_step.sees_own_column = True
@@ -316,7 +317,7 @@ def sample(logits, u, sampling: Sampling):
 
 
 def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, eps: float, tok, pos, col,
-                pad_start, hole, u, k_cache, v_cache, sampling: Sampling):
+                pad_start, hole, u, k_cache, v_cache, sampling: Sampling, counters=None):
     """One decode step for every row: the new token's K/V, the next token and its log-prob.
 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
@@ -330,7 +331,7 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     x, cos, sin = start(tok, pos, w[-2], inv_freq, rope_scale)
     own = getattr(layer_step, "sees_own_column", False)
     if getattr(layer_step, "takes_bounds", False):
-        mask = (pad_start, hole)
+        mask = (pad_start, hole, counters)
     else:
         cols = torch.arange(k_cache.size(3), device=tok.device)
         seen = _visible(cols[None, :], pad_start[:, None], hole[:, :1], hole[:, 1:], col + 1 if own else col)[:, None, None, :]
@@ -463,6 +464,8 @@ class _Slots:
         self.u = torch.zeros(steps, rows, device=device)
         self.out_tok = torch.zeros(rows, steps, **z)
         self.out_logp = torch.zeros(rows, steps, device=device)
+        # the attention kernel's split counters: a batch's own, so two batches may decode concurrently
+        self.counters = torch.zeros(rows * arch.kv_heads, dtype=torch.int32, device=device)
 
 
 @dataclass
@@ -477,6 +480,22 @@ class _Lane:
     starts: list[int]
     tokens: list[list[int]]
     end: int
+
+
+@dataclass
+class _Batch:
+    """One batch on one weight set between ``_begin`` and ``_finish``: ``t`` tokens sampled so far."""
+
+    prompts: list
+    weights: "FusedWeights"
+    sampling: Sampling
+    lane: tuple | None
+    slots: _Slots
+    graph: object
+    columns: int
+    state: "_Lane | None"
+    end: int  # the first column the decode writes (after the prompts)
+    t: int = 1
 
 
 class FastGenerator(PlainGenerator):
@@ -502,7 +521,8 @@ class FastGenerator(PlainGenerator):
         self._slots: dict[tuple, _Slots] = {}  # (rows, lane): a lane keeps its own cache
         self._lanes: dict[tuple, _Lane] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self._pool = None
+        self._pools: dict[bool, object] = {}  # a graph memory pool per weight set: their batches may run at once
+        self._streams: list = []
         # The layer is compiled once for all 28 layers (seconds, not minutes), and the step's two ends
         # beside it; shapes become symbolic after the second batch/column size. Sampling is not
         # compiled: plain sampling runs as two Triton kernels (decode_sampling), top-k/top-p in torch.
@@ -568,20 +588,30 @@ class FastGenerator(PlainGenerator):
             raise ValueError("adapter requested but the model has no adapter")
         outs: list = [None] * len(prompts)
         logps: list = [None] * len(prompts)
+        # one batch per weight set (base-seat rows run on the base copy); with both, the two decode
+        # together: step by step, on two CUDA streams when graphs run
+        sets = [(on, [i for i, a in enumerate(adapter_on) if a == on]) for on in (True, False)]
+        sets = [(on, rows) for on, rows in sets if rows]
         with torch.no_grad():
-            for on in (True, False):  # one batch per weight set: base-seat rows run on the base copy
-                rows = [i for i, a in enumerate(adapter_on) if a == on]
-                if rows:
-                    toks, lps = self._run([prompts[i] for i in rows], self.weights[on], sampling,
-                                          None if lane is None else (lane, on))
-                    for i, t, lp in zip(rows, toks, lps, strict=True):
-                        outs[i], logps[i] = t, lp
+            batches = [self._begin([prompts[i] for i in rows], self.weights[on], sampling,
+                                   None if lane is None else (lane, on)) for on, rows in sets]
+            self._decode(batches)
+            for (_, rows), batch in zip(sets, batches, strict=True):
+                toks, lps = self._finish(batch)
+                for i, t, lp in zip(rows, toks, lps, strict=True):
+                    outs[i], logps[i] = t, lp
         self.last_logprobs = logps
         return outs
 
     # -- one batch on one weight set ------------------------------------------------------------
 
     def _run(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None):
+        batch = self._begin(prompts, weights, sampling, lane)
+        self._decode([batch])
+        return self._finish(batch)
+
+    def _begin(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None) -> "_Batch":
+        """Set a batch up: its cache and graph, its prompts prefilled, its first token sampled."""
         n, steps = len(prompts), sampling.max_new_tokens
         rows = batch_bucket(n) if self.graphs else n
         reused = self._continues(self._lanes.pop(lane, None) if lane is not None else None, prompts)
@@ -594,9 +624,11 @@ class FastGenerator(PlainGenerator):
         columns = -(-(base + width + steps) // COLUMN_BUCKET) * COLUMN_BUCKET
         # a lane's first turn leaves room for its next: this turn, the partner's reply, one more turn
         need = base + width + 3 * steps + 64 if lane is not None and state is None else columns
-        slots = self._slots_for(rows, max(columns, need), steps, lane)
+        # a batch's buffers: its lane's, or (no lane) its weight set's, so both sets' batches can run at once
+        own = lane if lane is not None else (None, weights.adapter)
+        slots = self._slots_for(rows, max(columns, need), steps, own)
         t0 = time.perf_counter()
-        graph = self._graph_for(slots, rows, columns, weights, sampling, lane) if self.graphs else None
+        graph = self._graph_for(slots, rows, columns, weights, sampling, own) if self.graphs else None
         self.timing["capture_s"] += time.perf_counter() - t0
 
         padded = fed + [[self.pad_id]] * (rows - n)  # bucket rows: finished from the start
@@ -633,22 +665,48 @@ class FastGenerator(PlainGenerator):
         tok, logp = sample(logits, slots.u[0], sampling)
         self._record(slots, tok, logp)
         self._sync()
+        self.timing["prefill_s"] += time.perf_counter() - t0
+        return _Batch(prompts, weights, sampling, lane, slots, graph, columns, state, base + width)
+
+    def _advance(self, b: "_Batch") -> bool:
+        """One decode step of ``b``; whether it has more to do (every 16 steps it asks the device)."""
+        if b.graph is not None:
+            b.graph.replay()
+        else:
+            self._step(b.slots, b.columns, b.weights, b.sampling)
+        b.t += 1
+        return b.t < b.sampling.max_new_tokens and not (b.t % 16 == 0 and bool(b.slots.done.all()))
+
+    def _decode(self, batches: list["_Batch"]) -> None:
+        """Decode the batches to their ends, a step of each in turn.
+
+        With CUDA graphs each batch replays on its own stream, so two batches' steps run at once: at a
+        few rows a step's kernels leave most of the GPU idle (a 16-row step costs about a 32-row one).
+        Their wall-clock counts once in ``timing["decode_s"]``.
+        """
+        streams = [None] * len(batches)
+        if len(batches) > 1 and self.graphs:
+            if len(self._streams) < len(batches):
+                self._streams = [torch.cuda.Stream(self.device) for _ in batches]
+            streams = self._streams[: len(batches)]
+            for stream in streams:
+                stream.wait_stream(torch.cuda.current_stream())
         t1 = time.perf_counter()
-        t = 1
-        while t < steps:
-            if graph is not None:
-                graph.replay()
-            else:
-                self._step(slots, columns, weights, sampling)
-            t += 1
-            if t % 16 == 0 and bool(slots.done.all()):
-                break
+        live = [(b, stream) for b, stream in zip(batches, streams, strict=True) if b.t < b.sampling.max_new_tokens]
+        while live:
+            for b, stream in list(live):
+                with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                    if not self._advance(b):
+                        live.remove((b, stream))
         self._sync()
-        t2 = time.perf_counter()
-        self.timing["prefill_s"] += t1 - t0
-        self.timing["decode_s"] += t2 - t1
-        self.timing["decode_steps"] += t - 1
-        self.timing["row_steps"] += (t - 1) * n
+        self.timing["decode_s"] += time.perf_counter() - t1
+        for b in batches:
+            self.timing["decode_steps"] += b.t - 1
+            self.timing["row_steps"] += (b.t - 1) * len(b.prompts)
+
+    def _finish(self, b: "_Batch"):
+        """A decoded batch's completions and log-probs (trimmed); what its lane may continue next turn."""
+        prompts, slots, lane, state, n, t = b.prompts, b.slots, b.lane, b.state, len(b.prompts), b.t
         if not bool(slots.out_logp[:n].isfinite().all()):
             raise FloatingPointError("the rollout sampled from non-finite logits: the policy weights hold NaN/inf")
         trimmed = self._trim(slots.out_tok[:n].cpu())
@@ -656,7 +714,7 @@ class FastGenerator(PlainGenerator):
         if lane is not None and state is None:  # what the next turn of this lane may continue
             self._lanes[lane] = _Lane(n=n, starts=slots.pad_start[:n].tolist(),
                                       tokens=[p + c[:-1] for p, c in zip(prompts, trimmed, strict=True)],
-                                      end=base + width + t - 1)
+                                      end=b.end + t - 1)
         return trimmed, [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
 
     def _continues(self, state: _Lane | None, prompts) -> tuple[_Lane, list[int]] | None:
@@ -684,7 +742,8 @@ class FastGenerator(PlainGenerator):
         u = slots.u.index_select(0, slots.step.clamp(max=slots.steps - 1))[0]
         nxt, logp, k, v = decode_math(
             self._layer_for(slots.tok.size(0)), weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
-            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling)
+            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling,
+            slots.counters)
         if k is not None:
             slots.k.index_copy_(3, slots.col, k[:, :, :, None])
             slots.v.index_copy_(3, slots.col, v[:, :, :, None])
@@ -732,7 +791,7 @@ class FastGenerator(PlainGenerator):
                 self._graphs = {k: g for k, g in self._graphs.items() if k[0] != key}
                 # new captures take a fresh pool: capturing into a pool whose graphs are all gone trips
                 # the caching allocator's assert (use_count > 0) when any of its blocks is still alive
-                self._pool = None
+                self._pools = {}
                 del self._slots[key]
             columns = -(-max(columns, 4 * COLUMN_BUCKET, old.columns if old else 0) // COLUMN_BUCKET) * COLUMN_BUCKET
             slots = _Slots(self.arch, rows, columns, max(steps, old.steps if old else 0), self.dtype, self.device)
@@ -751,8 +810,9 @@ class FastGenerator(PlainGenerator):
         graph = self._graphs.get(key)
         if graph is not None:
             return graph
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        pool = self._pools.get(weights.adapter)
+        if pool is None:
+            pool = self._pools[weights.adapter] = torch.cuda.graph_pool_handle()
         # warm up (compiles on the first shapes) on a side stream, then capture one whole step; the
         # warm-up writes K/V in the last two columns, where no cached prefix lies
         stream = torch.cuda.Stream()
@@ -764,7 +824,7 @@ class FastGenerator(PlainGenerator):
                 self._step(slots, columns, weights, sampling)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=pool):
             self._step(slots, columns, weights, sampling)
         self._graphs[key] = graph
         self.captures += 1

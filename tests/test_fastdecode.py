@@ -129,13 +129,13 @@ def test_cache_grows_for_longer_prompts_and_turns(peft_model, qwen_tokenizer):
     fast = FastGenerator(peft_model, qwen_tokenizer)
     short = _prompts(qwen_tokenizer, 2)
     fast.generate(short, [True] * 2, GREEDY)
-    columns = fast._slots[(2, None)].columns
+    columns = fast._slots[(2, (None, True))].columns
     long = [(p[:-5] * 100)[: columns - k] + p[-5:] for k, p in enumerate(short)]  # wider than the cache
     assert max(len(p) for p in long) + GREEDY.max_new_tokens > columns
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(long, [True] * 2, GREEDY)
     assert fast.generate(long, [True] * 2, GREEDY) == want
-    assert fast._slots[(2, None)].columns >= max(len(p) for p in long) + GREEDY.max_new_tokens
-    assert fast._slots[(2, None)].columns % COLUMN_BUCKET == 0
+    assert fast._slots[(2, (None, True))].columns >= max(len(p) for p in long) + GREEDY.max_new_tokens
+    assert fast._slots[(2, (None, True))].columns % COLUMN_BUCKET == 0
 
 
 def test_rows_stop_at_their_own_end_of_turn(peft_model, qwen_tokenizer):
@@ -259,3 +259,16 @@ def test_a_lane_starts_afresh_after_new_weights_or_other_prompts(peft_model, qwe
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(mixed, [True] * 3, GREEDY)
     assert fast.generate(mixed, [True] * 3, GREEDY, lane="A") == want
     assert fast.timing["reused_tokens"] == sum(len(p) + len(c) - 1 for i, (p, c) in enumerate(zip(prompts, first)) if i != 1)
+
+
+def test_both_weight_sets_decode_together_on_their_own_buffers(peft_model, qwen_tokenizer):
+    """Adapter and base rows of one call: two batches stepped in turn (on a GPU, on two streams), each with
+    its own cache, split counters and (on a GPU) graph pool, giving what each set gives alone."""
+    fast = FastGenerator(peft_model, qwen_tokenizer)
+    prompts = _prompts(qwen_tokenizer, 4)
+    together = fast.generate(prompts, [True, False] * 2, GREEDY)
+    alone = [fast.generate([p], [on], GREEDY)[0] for p, on in zip(prompts, [True, False] * 2, strict=True)]
+    assert together == alone
+    on, off = fast._slots[(2, (None, True))], fast._slots[(2, (None, False))]
+    assert on.k.data_ptr() != off.k.data_ptr() and on.counters.data_ptr() != off.counters.data_ptr()
+    assert fast.timing["decode_steps"] == 2 * (GREEDY.max_new_tokens - 1) + 4 * (GREEDY.max_new_tokens - 1)
