@@ -523,6 +523,7 @@ class FastGenerator(PlainGenerator):
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pools: dict[bool, object] = {}  # a graph memory pool per weight set: their batches may run at once
         self._streams: list = []
+        self._capture_streams: dict[bool, object] = {}
         # The layer is compiled once for all 28 layers (seconds, not minutes), and the step's two ends
         # beside it; shapes become symbolic after the second batch/column size. Sampling is not
         # compiled: plain sampling runs as two Triton kernels (decode_sampling), top-k/top-p in torch.
@@ -824,7 +825,10 @@ class FastGenerator(PlainGenerator):
                 self._step(slots, columns, weights, sampling)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        # each weight set captures on its own stream: cuBLAS keys its workspace by stream and a graph
+        # keeps the one it captured with, so the two sets' graphs, which may run at once, get their own
+        capture = self._capture_streams.setdefault(weights.adapter, torch.cuda.Stream(self.device))
+        with torch.cuda.graph(graph, pool=pool, stream=capture):
             self._step(slots, columns, weights, sampling)
         self._graphs[key] = graph
         self.captures += 1
