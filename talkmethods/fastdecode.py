@@ -16,6 +16,10 @@ What makes it fast (DESIGN §4), in the order it matters on a GPU:
   split-KV kernel that also writes the token's K/V and reads only the columns in use
   (``decode_attention``; on an H200 2.35 against 2.81 ms a step at batch 32 for cuDNN's fused SDPA,
   8.9 against 11.7 ms at batch 600); elsewhere one fused SDPA kernel up to batch 256, two products above.
+* **Both weight sets at once.** A call with adapter and base rows (mixed partners' B turns) runs
+  one batch per set, decoded together: each replays its graph on its own stream (its own cache,
+  split counters, graph pool and capture stream), so at a few rows their kernels overlap (H200:
+  a 16 + 16-row turn 0.79 s against 1.05 s one after the other).
 * **Sampling on the device** from uniforms drawn once per turn (inverse CDF, top-k before top-p,
   the same rule as ``engine.pick_token``, searched in 128-token blocks so no full-vocabulary scan
   or sort runs), and the per-token log-prob of every sampled token under ``softmax(logits / T)``:
