@@ -196,7 +196,7 @@ def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms:
     return layer_step
 
 
-COMPILE_ENDS = True
+COMPILE_ENDS = True  # False: the ends run eagerly beside a compiled layer (the A/B of docs/speed_h200.md)
 
 
 def _layer_step(arch: Arch, attention: str, compile_fn, sms: int):
@@ -327,7 +327,8 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
     cache column, a uniform; ``hole``: (B, 2) cache columns ``[lo, hi)`` a row skips (a reused prefix's
     stale tail, see ``FastGenerator``; ``[0, 0)`` when none); ``col``: (1,) the cache column ``tok`` belongs to; ``k_cache``/``v_cache``:
-    (L, B, kv, S, d) views (columns ``>= col`` are ignored; the ``sdpa`` form writes column ``col``).
+    (L, B, kv, S, d) views (columns ``>= col`` are ignored; the ``sdpa`` form writes column ``col``);
+    ``counters``: the batch's own split counters for the ``triton`` form (``decode_attention``).
     Returns ``(next, logp, k, v)`` with ``k``/``v`` of shape (L, B, kv, d) for the caller to write into the cache
     (``None`` when the layers wrote them, the ``sdpa`` form).
     """
@@ -486,7 +487,7 @@ class _Lane:
     end: int
 
 
-@dataclass
+@dataclass(eq=False)  # a batch is itself: ``_decode`` drops finished ones from a list by identity
 class _Batch:
     """One batch on one weight set between ``_begin`` and ``_finish``: ``t`` tokens sampled so far."""
 
@@ -609,11 +610,6 @@ class FastGenerator(PlainGenerator):
         return outs
 
     # -- one batch on one weight set ------------------------------------------------------------
-
-    def _run(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None):
-        batch = self._begin(prompts, weights, sampling, lane)
-        self._decode([batch])
-        return self._finish(batch)
 
     def _begin(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None) -> "_Batch":
         """Set a batch up: its cache and graph, its prompts prefilled, its first token sampled."""
