@@ -7,7 +7,9 @@ what it measured (the guard's greedy equality included), so the GPU run has no u
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from test_pipeline import job_counts, snakemake
 
 
@@ -40,3 +42,17 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     assert p["total_min"] > 0 and p["evals"] == 37 and set(p["per_arm"]) == arms
     table = (tmp_path / "results/bench/speed.md").read_text()
     assert "| engine | batch |" in table and "projected full recipe" in table
+
+
+def test_ab_experiments_say_they_need_a_gpu_instead_of_failing_later():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the experiments would run")
+    script = Path(__file__).resolve().parents[1] / "bench" / "ab.py"
+    out = subprocess.run([sys.executable, str(script), "two-sets", "--out", "/tmp/unused-ab"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 1 and "needs a CUDA GPU" in out.stderr and "Traceback" not in out.stderr, out.stderr

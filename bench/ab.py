@@ -1,0 +1,128 @@
+"""A/B experiments behind docs/speed_h200.md's change table, each in one process on a CUDA GPU.
+
+Each runs the fast engine on the Qwen2.5-1.5B architecture with random weights (32 rows, 512-token
+prompts, 256 new tokens), switching one thing on and off, and writes ``EXPERIMENT.json`` under ``--out``:
+
+    python bench/ab.py sampler-ends --out results/ab        # Triton sampler and compiled step ends (h2)
+    python bench/ab.py two-sets --out results/ab            # 16 adapter + 16 base rows: together vs one by one (h3)
+    python bench/ab.py attention-splits --out results/ab    # split-KV programs per SM (h1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import speed  # noqa: E402
+from talkmethods import decode_attention as da  # noqa: E402
+from talkmethods import decode_sampling as ds  # noqa: E402
+from talkmethods import fastdecode as fd  # noqa: E402
+from talkmethods.models import ModelSpec, load_model, load_tokenizer  # noqa: E402
+from talkmethods.rollout import Sampling  # noqa: E402
+
+TURN = Sampling(max_new_tokens=256)
+
+
+def _decode_ms(gen, prompts, on, repeats: int = 3) -> list[float]:
+    """ms per decode step of ``repeats`` turns after a warm-up turn (compile and capture)."""
+    gen.generate(prompts, on, TURN)
+    out = []
+    for _ in range(repeats):
+        gen.timing = {k: 0 * v for k, v in gen.timing.items()}
+        torch.manual_seed(0)
+        gen.generate(prompts, on, TURN)
+        out.append(round(1000 * gen.timing["decode_s"] / gen.timing["decode_steps"], 3))
+    return out
+
+
+def sampler_ends(model, tok) -> dict:
+    prompts, on, res = speed._prompts(tok, 32, 512, seed=32), [True] * 32, {}
+    handles = ds.handles
+    try:
+        for name, sampler, ends in [("Triton sampler, compiled ends", True, True), ("Triton sampler, eager ends", True, False),
+                                    ("torch sampler, compiled ends", False, True), ("torch sampler, eager ends", False, False)]:
+            fd.COMPILE_ENDS = ends
+            ds.handles = handles if sampler else (lambda *a: False)
+            torch._dynamo.reset()
+            res[name] = {"ms_per_step": _decode_ms(fd.FastGenerator(model, tok), prompts, on)}
+            print(name, res[name], flush=True)
+    finally:
+        fd.COMPILE_ENDS, ds.handles = True, handles
+    return res
+
+
+def two_sets(model, tok) -> dict:
+    prompts, on, res, outs = speed._prompts(tok, 32, 512, seed=32), [True, False] * 16, {}, []
+    together = fd.FastGenerator._decode
+
+    def one_by_one(self, batches):
+        for b in batches:
+            together(self, [b])
+
+    gen = fd.FastGenerator(model, tok)
+    try:
+        for name, decode in [("one by one", one_by_one), ("together", together)]:
+            fd.FastGenerator._decode = decode
+            gen.generate(prompts, on, TURN)
+            walls = []
+            for _ in range(3):
+                torch.manual_seed(0)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                outs.append(gen.generate(prompts, on, TURN))
+                torch.cuda.synchronize()
+                walls.append(round(time.perf_counter() - t0, 3))
+            res[name] = {"turn_s": walls}
+            print(name, res[name], flush=True)
+    finally:
+        fd.FastGenerator._decode = together
+    res["same_tokens"] = all(o == outs[0] for o in outs)
+    return res
+
+
+def attention_splits(model, tok) -> dict:
+    prompts, on, res = speed._prompts(tok, 32, 512, seed=32), [True] * 32, {}
+    kept = da.PROGRAMS_PER_SM
+    try:
+        for per_sm in (1, 2, 4, 8):
+            da.PROGRAMS_PER_SM = per_sm
+            res[f"{per_sm} per SM"] = {"ms_per_step": _decode_ms(fd.FastGenerator(model, tok), prompts, on)}
+            print(per_sm, res[f"{per_sm} per SM"], flush=True)
+    finally:
+        da.PROGRAMS_PER_SM = kept
+    return res
+
+
+EXPERIMENTS = {"sampler-ends": sampler_ends, "two-sets": two_sets, "attention-splits": attention_splits}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    ap.add_argument("--out", default="results/ab")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench/ab.py measures CUDA graphs and streams: it needs a CUDA GPU")
+    logging.basicConfig(level=logging.WARNING)
+    spec = ModelSpec("random:qwen2.5-1.5b")
+    tok = load_tokenizer(spec)
+    model = speed._peft(load_model(spec, torch.bfloat16, torch.device("cuda")), r=32, b_scale=0.01)
+    res = {"experiment": args.experiment, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           **EXPERIMENTS[args.experiment](model, tok)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.experiment}.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
