@@ -3,8 +3,8 @@
 ``engine.sample_with_logprob`` draws a token per row by inverse CDF and returns its log-prob under
 ``softmax(logits / T)``. In torch that is ~25 launches a decode step (an fp32 copy of the logits, a
 softmax, block sums, two cumulative sums and searches, a log-sum-exp, gathers): on an H200 at batch
-32, 0.18 ms of a 2.10 ms step; these two kernels take 9 µs (docs/speed_h200.md). Here, for the rule the training rollouts use (no
-top-k, no top-p):
+32, 0.18 ms of a 2.10 ms step; these two kernels take 9 µs (docs/speed_h200.md). Here, for the
+rule the training rollouts use (no top-k, no top-p):
 
 1. ``_chunk_stats``, a program per (row, chunk of ``CHUNK`` logits): the chunk's max and its sum of
    ``exp(x - max)``;
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from talkmethods import decode_attention
+
 try:
     import triton
     import triton.language as tl
@@ -32,8 +34,6 @@ CHUNK = 2048  # logits a first-pass program reads; the second pass scans one chu
 
 def handles(device: torch.device, top_k: int, top_p: float, vocab: int) -> bool:
     """Whether this sampler applies: Triton on ``device`` and plain sampling (no top-k, no top-p)."""
-    from talkmethods import decode_attention
-
     return decode_attention.available(device) and (top_k == 0 or top_k >= vocab) and top_p >= 1.0
 
 
