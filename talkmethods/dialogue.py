@@ -8,6 +8,8 @@ a user message before the first assistant turn.
 
 from __future__ import annotations
 
+import re
+
 SEATS = ("A", "B", "A", "B")  # seat of turns 1..4
 FINAL_TURNS = (2, 3)  # 0-based indices of A2 and B2, the messages that are graded
 OPENING_LINE = "You speak first. Share your facts with your partner."
@@ -20,18 +22,28 @@ SYSTEM_TEMPLATE = (
     "Your facts:\n{facts}\n\nThe question: {question}"
 )
 
+# The offline world's short prompt (``data.prompt: short``): the same rules in a few words. A tiny
+# model learns the world far faster with it (DESIGN §1b: 0.20 against 0.107 team accuracy after
+# 450 SFT steps with the full prompt), and the card says which prompt was used.
+SHORT_SYSTEM_TEMPLATE = (
+    "Seat {seat}. Your facts:\n{facts}\nQuestion: {question}\n"
+    "Share your facts. End your second message with \\boxed{{number}}."
+)
+PROMPTS = {"full": SYSTEM_TEMPLATE, "short": SHORT_SYSTEM_TEMPLATE}
 
-def system_prompt(seat: str, facts: list[str], question: str) -> str:
-    """The rules plus this seat's private facts and the shared question."""
+
+def system_prompt(seat: str, facts: list[str], question: str, style: str = "full") -> str:
+    """The rules plus this seat's private facts and the shared question, in the ``style`` of ``PROMPTS``."""
     lines = "\n".join(f"- {f}" for f in facts) or "- (none)"
-    return SYSTEM_TEMPLATE.format(seat=seat, facts=lines, question=question)
+    return PROMPTS[style].format(seat=seat, facts=lines, question=question)
 
 
 def seat_messages(problem: dict, turn: int, history: list[str]) -> list[dict]:
     """Chat messages for the seat speaking at ``turn`` (0-based), from its own view.
 
     Args:
-        problem: a problem record with ``facts_a``, ``facts_b`` and ``shared_question``.
+        problem: a problem record with ``facts_a``, ``facts_b`` and ``shared_question`` (and
+            ``prompt_style``, the system prompt's style, ``full`` when absent).
         turn: 0..3 for A1, B1, A2, B2.
         history: the texts of turns 0..turn-1.
 
@@ -40,9 +52,33 @@ def seat_messages(problem: dict, turn: int, history: list[str]) -> list[dict]:
     """
     seat = SEATS[turn]
     facts = problem["facts_a"] if seat == "A" else problem["facts_b"]
-    messages = [{"role": "system", "content": system_prompt(seat, facts, problem["shared_question"])}]
+    style = problem.get("prompt_style", "full")
+    messages = [{"role": "system", "content": system_prompt(seat, facts, problem["shared_question"], style)}]
     if seat == "A":
         messages.append({"role": "user", "content": OPENING_LINE})
     for i, text in enumerate(history):
         messages.append({"role": "assistant" if SEATS[i] == seat else "user", "content": text})
     return messages
+
+
+_CALC_MARK = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations
+
+
+def ideal_dialogue(problem: dict) -> list[str]:
+    """The four messages of a perfect chat, the warm start's SFT target.
+
+    Each seat first states its own facts verbatim; then both final messages work the problem from
+    its worked solution (GSM8K's lines, calculator marks dropped, e.g. ``4 + 5 = 9. 9 - 3 = 6.``) and
+    box the gold. B2 repeats the computation rather than deferring to A2, so each graded message
+    stands on its own.
+
+    Args:
+        problem: a record with ``facts_a``, ``facts_b``, ``answer`` (ending ``#### N``) and ``gold``.
+
+    Returns:
+        The texts of A1, B1, A2, B2.
+    """
+    lines = [ln.strip() for ln in problem["answer"].rpartition("####")[0].splitlines() if ln.strip()]
+    steps = " ".join(_CALC_MARK.sub("", ln).rstrip(".") + "." for ln in lines)
+    final = f"{steps} \\boxed{{{problem['gold']}}}".strip()
+    return [" ".join(problem["facts_a"]), " ".join(problem["facts_b"]), final, final]

@@ -2,7 +2,9 @@
 
 Snakemake's ``resources: gpu=1`` only counts jobs and never sets CUDA_VISIBLE_DEVICES (DESIGN §5),
 so each GPU job takes the first GPU whose lock it can get. ``fcntl.flock`` locks vanish with the
-process, so a killed job frees its GPU. Under SLURM (CUDA_VISIBLE_DEVICES already set) or on a
+process, so a killed job frees its GPU. ``TALKMETHODS_JOBS_PER_GPU=k`` gives each GPU k slots (k jobs
+share it): small models leave a GPU mostly idle between kernel launches, so several of their runs
+overlap well (the warm-started world on one H200; a 1.5B model fills the GPU, keep 1). Under SLURM (CUDA_VISIBLE_DEVICES already set) or on a
 machine without GPUs this does nothing.
 """
 
@@ -33,6 +35,14 @@ def gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
+def jobs_per_gpu() -> int:
+    """Jobs that may share one GPU (``TALKMETHODS_JOBS_PER_GPU``, default 1)."""
+    raw = os.environ.get("TALKMETHODS_JOBS_PER_GPU", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"TALKMETHODS_JOBS_PER_GPU={raw!r}: expected a whole number >= 1")
+    return int(raw)
+
+
 def lock_dir() -> Path:
     return Path(os.environ.get("TALKMETHODS_GPU_LOCK_DIR", "/tmp/talkmethods-gpu-locks"))
 
@@ -53,9 +63,11 @@ def claim_gpu(poll_s: float = 2.0, timeout_s: float | None = None):
     except PermissionError:
         pass  # another user made it, already shared
     start = time.monotonic()
+    slots = [(gpu, k) for k in range(jobs_per_gpu()) for gpu in range(n)]  # spread over GPUs before sharing one
     while True:
-        for gpu in range(n):
-            fd = os.open(lock_dir() / f"gpu{gpu}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        for gpu, k in slots:
+            name = f"gpu{gpu}.lock" if k == 0 else f"gpu{gpu}.slot{k}.lock"
+            fd = os.open(lock_dir() / name, os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 os.fchmod(fd, 0o666)  # the umask must not lock other users out
             except PermissionError:
@@ -68,7 +80,7 @@ def claim_gpu(poll_s: float = 2.0, timeout_s: float | None = None):
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # before CUDA initialises in this process
-            log.info("claimed GPU %d", gpu)
+            log.info("claimed GPU %d (slot %d)", gpu, k)
             try:
                 yield gpu
             finally:

@@ -1,5 +1,12 @@
 """Offline GSM8K-shaped word problems for the default run (no network, no downloads).
 
+Two worlds. ``count`` (the offline default): one person's running count over 2, 3 or 4 facts,
+numbers 1-9, answers 0-36. Its facts are dealt across the seats, so the answer needs both, and its
+worked solution is the two-operand scratchpad the warm start teaches (``4 + 5 = 9. 9 - 3 = 6.``):
+a tiny model learns it from a few hundred SFT steps, so RL starts from a base that is partly right
+(DESIGN §1b). ``templates``: six harder GSM8K-like templates (shopping, wages, travel, ...), kept as
+an optional tier.
+
 `generate_problems` returns rows with GSM8K's fields: ``question`` (3-5 fact sentences, then
 one asking sentence) and ``answer`` (a short worked solution with GSM8K's ``<<a*b=c>>``
 calculator marks, ending in ``#### N``). Each template draws small integers, computes every
@@ -221,6 +228,26 @@ def _bakery(rng: random.Random) -> tuple[list[str], str, list[str], int]:
     return facts, f"How many {goods} are left at the end of the day?", steps, left
 
 
+_GAINS = ("{She} gets {k} more {thing}.", "{She} finds {k} more {thing}.", "{She} buys {k} more {thing}.")
+_LOSSES = ("{She} gives away {k} {thing}.", "{She} eats {k} {thing}.", "{She} loses {k} {thing}.")
+_COUNTED = ("apples", "pears", "plums", "cards", "shells", "stamps", "beads", "coins")
+
+
+def _running_count(rng: random.Random) -> tuple[list[str], str, list[str], int]:
+    """One person's count after 1-3 changes of 1-9 each (2-4 facts); never below 0, so at most 36."""
+    p, thing = _Person.draw(rng), rng.choice(_COUNTED)
+    count = rng.randint(1, 9)
+    facts, steps = [f"{p.name} has {count} {thing}."], []
+    for _ in range(rng.randint(1, 3)):
+        k = rng.randint(1, 9)
+        gain = count < k or rng.random() < 0.5  # a loss larger than the count is never drawn
+        before, count = count, count + k if gain else count - k
+        facts.append(rng.choice(_GAINS if gain else _LOSSES).format(She=p.She, k=k, thing=thing))
+        op = "+" if gain else "-"
+        steps.append(f"{before} {op} {k} = <<{before}{op}{k}={count}>>{count}")
+    return facts, f"How many {thing} does {p.name} have now?", steps, count
+
+
 TEMPLATES: dict[str, Template] = {
     "shopping": _shopping,
     "collecting": _collecting,
@@ -231,12 +258,16 @@ TEMPLATES: dict[str, Template] = {
 }
 
 
-def generate_problems(n: int, seed: int) -> list[dict]:
+WORLDS: dict[str, dict[str, Template]] = {"count": {"count": _running_count}, "templates": TEMPLATES}
+
+
+def generate_problems(n: int, seed: int, world: str = "templates") -> list[dict]:
     """Generate ``n`` distinct GSM8K-shaped problems, deterministically.
 
     Args:
         n: Number of problems.
         seed: Seed of the generator; the same seed gives the same problems in the same order.
+        world: ``"count"`` (running counts) or ``"templates"`` (the harder tier); see ``WORLDS``.
 
     Returns:
         Rows ``{"question": str, "answer": str}``; ``answer`` is a worked solution ending in
@@ -248,13 +279,16 @@ def generate_problems(n: int, seed: int) -> list[dict]:
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if world not in WORLDS:
+        raise ValueError(f"world must be one of {', '.join(WORLDS)}, got {world!r}")
+    templates = WORLDS[world]
     rng = random.Random(seed)
-    names = list(TEMPLATES)
+    names = list(templates)
     rows, seen = [], set()
     for _ in range(50 * n + 100):  # duplicates are rare; the cap only guards an absurd n
         if len(rows) == n:
             break
-        facts, question, steps, answer = TEMPLATES[rng.choice(names)](rng)
+        facts, question, steps, answer = templates[rng.choice(names)](rng)
         text = " ".join([*facts, question])
         if text in seen:
             continue
@@ -262,5 +296,5 @@ def generate_problems(n: int, seed: int) -> list[dict]:
         rows.append({"question": text, "answer": "\n".join([*steps, f"#### {answer}"])})
     if len(rows) < n:
         raise ValueError(f"could only generate {len(rows)} distinct problems of {n} requested")
-    log.info("generated %d synthetic problems (seed %d)", n, seed)
+    log.info("generated %d synthetic %s problems (seed %d)", n, world, seed)
     return rows

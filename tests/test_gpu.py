@@ -236,3 +236,24 @@ def test_noop_under_slurm_in_a_worker(workers, gpu_env, tmp_path):
     done = json.loads(Path(str(w.record) + ".done").read_text())
     assert done["gpu"] is None and done["cvd"] == "1" and done["cvd_after"] == "1"
     assert not (tmp_path / "locks").exists()
+
+
+def test_jobs_per_gpu_lets_k_jobs_share_each_gpu_and_no_more(workers, gpu_env, monkeypatch):
+    """TALKMETHODS_JOBS_PER_GPU=2: 2·N claimants run at once, two per GPU; one more waits for a slot."""
+    gpu_env["TALKMETHODS_JOBS_PER_GPU"] = "2"
+    ws = [workers(f"k{i}", max_hold=8.0) for i in range(2 * N)]
+    recs = [w.wait_claim() for w in ws]
+    assert sorted(r["gpu"] for r in recs) == sorted(list(range(N)) * 2)
+    extra = workers("extra", max_hold=1.0)
+    time.sleep(0.5)
+    assert extra.claimed() is None  # every slot is held
+    ws[0].release()
+    assert extra.wait_claim()["gpu"] == recs[0]["gpu"]
+
+
+def test_jobs_per_gpu_refuses_a_bad_value(monkeypatch):
+    from talkmethods.gpu import jobs_per_gpu
+
+    monkeypatch.setenv("TALKMETHODS_JOBS_PER_GPU", "0")
+    with pytest.raises(ValueError, match="TALKMETHODS_JOBS_PER_GPU"):
+        jobs_per_gpu()

@@ -160,3 +160,60 @@ def test_generated_rows_load_as_gsm8k(tmp_path, rows):
     write_jsonl(path, rows[:50])
     loaded = load_jsonl_problems(path)
     assert [p["gold"] for p in loaded] == [r["answer"].rpartition("#### ")[2] for r in rows[:50]]
+
+
+# The count world (the offline default): one person's running count.
+
+COUNT_RE = {
+    "start": re.compile(r"^(\w+) has (\d) (\w+)\.$"),
+    "gain": re.compile(r"^(?:She|He) (?:gets|finds|buys) (\d) more (\w+)\.$"),
+    "loss": re.compile(r"^(?:She|He) (?:gives away|eats|loses) (\d) (\w+)\.$"),
+}
+
+
+@pytest.fixture(scope="module")
+def counts():
+    return generate_problems(2000, seed=5, world="count")
+
+
+def _count_value(sentences: list[str]) -> int:
+    """The running count read back from the fact sentences (independent of the generator)."""
+    name, start, thing = COUNT_RE["start"].match(sentences[0]).groups()
+    value = int(start)
+    for s in sentences[1:]:
+        if m := COUNT_RE["gain"].match(s):
+            value += int(m[1])
+        else:
+            m = COUNT_RE["loss"].match(s)
+            assert m, s
+            value -= int(m[1])
+        assert value >= 0 and m[2] == thing, s  # never below zero, one kind of thing
+    return value
+
+
+def test_count_world_answers_read_back_from_the_text(counts):
+    n_facts = {2: 0, 3: 0, 4: 0}
+    for row in counts:
+        sentences = split_sentences(row["question"])
+        assert " ".join(sentences) == row["question"]
+        facts, question = sentences[:-1], sentences[-1]
+        n_facts[len(facts)] += 1
+        assert re.fullmatch(r"How many \w+ does \w+ have now\?", question)
+        gold = int(row["answer"].rpartition("####")[2])
+        assert gold == _count_value(facts) and 0 <= gold <= 36
+        split = split_facts(row["question"])
+        assert split.facts_a and split.facts_b  # every answer needs both seats' facts
+    assert min(n_facts.values()) > 400, n_facts  # a spread of difficulty: 2, 3 and 4 facts
+
+
+def test_count_world_scratchpad_is_one_two_operand_step_per_change(counts):
+    for row in counts[:300]:
+        marks = re.findall(r"^(\d+) ([+-]) (\d) = <<\1\2\3=(\d+)>>\4$", row["answer"], flags=re.M)
+        facts = split_sentences(row["question"])[:-1]
+        assert len(marks) == len(facts) - 1, row["answer"]
+        assert int(marks[-1][3]) == int(row["answer"].rpartition("####")[2])
+
+
+def test_unknown_world_is_refused():
+    with pytest.raises(ValueError, match="world must be one of count, templates"):
+        generate_problems(3, seed=0, world="nope")
