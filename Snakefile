@@ -7,6 +7,7 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 
 include: "rules/common.smk"
 include: "rules/data.smk"
+include: "rules/warmstart.smk"
 include: "rules/train.smk"
 include: "rules/eval.smk"
 include: "rules/card.smk"

@@ -70,6 +70,13 @@ rule card:
                 else ""
             ),
             "offline": config["model"]["name"] == "offline-tiny-qwen2",
+            "world": (
+                f"{config['data']['world']} (generated)"
+                if config["data"]["source"] == "generated"
+                else None
+            ),
+            "warmstart": config["model"].get("warmstart"),
+            "prompt": config["data"]["prompt"],
             "recipe": {
                 **config["train"],
                 "loss_type": "dapo",

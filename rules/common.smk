@@ -31,6 +31,12 @@ wildcard_constraints:
     kind="|".join(EVAL_KINDS),
 
 
+# The base model every arm and eval starts from: the warm start's output when the config has one.
+BASE_MODEL = (
+    [f"results/{tm_config.WARMSTART_MODEL}"] if config["model"].get("warmstart") else []
+)
+
+
 def package_src(*modules):
     """The package modules a stage runs, as inputs: editing one reruns that stage and what follows."""
     return [os.path.join(workflow.basedir, "talkmethods", f"{m}.py") for m in modules]

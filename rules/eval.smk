@@ -1,6 +1,7 @@
 rule eval_run:
     input:
         problems="results/data/heldout.jsonl",
+        base=BASE_MODEL,
         adapter="results/{arm}/seed{seed}/adapter",
         src=package_src(
             "evaluate",
@@ -32,6 +33,7 @@ rule eval_run:
 rule eval_base:
     input:
         problems="results/data/heldout.jsonl",
+        base=BASE_MODEL,
         src=package_src(
             "evaluate",
             "rollout",

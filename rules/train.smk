@@ -1,6 +1,7 @@
 rule train:
     input:
         problems="results/data/train.jsonl",
+        base=BASE_MODEL,
         src=package_src(
             "trainer",
             "rollout",

@@ -2,8 +2,10 @@
 
 Everything on the card comes from a summary made by ``talkmethods.aggregate.summarize`` and a small
 ``meta`` dict naming what the run was built from. The Learned section is generated from the
-numbers by ``learned_sentences`` (a pure function): where two arms' intervals overlap it says the
-gap needs more seeds, and it never states more than the intervals, tests and counts show.
+numbers by ``learned_sentences`` (a pure function) as a few summary lines: a ranking, what the
+tests support, cross-play, cost and messages. Where a gap is not shown by both the intervals and
+the probability of improvement it says the gap is within noise and needs more seeds, and it never
+states more than the intervals, tests and counts show.
 
 ``meta`` keys:
   * ``model``: model name (hub id, local dir or the offline tiny model).
@@ -12,8 +14,15 @@ gap needs more seeds, and it never states more than the intervals, tests and cou
   * ``recipe``: dict of recipe values, e.g. steps, problems_per_step, chats_per_problem,
     learning_rate, lora_r, lora_alpha, loss_type ("dapo"), beta (0), num_iterations (1),
     temperature, max_new_tokens, seeds, arms; any other key is listed as is.
-  * ``offline``: True for the offline default; the card's first line then says that its numbers
-    exercise the pipeline and say nothing about the methods.
+  * ``offline``: True for the offline default; the card's first line and the figure's title then
+    say that the numbers are about a toy world (a tiny model warm-started on generated
+    running-count problems), not Qwen on GSM8K. With ``warmstart`` set to None they say instead
+    that the numbers only exercise the pipeline (an untrained model).
+  * ``world`` (optional): the generated world, e.g. "count, short prompt"; Run shows "World: ...".
+  * ``warmstart`` (optional): dict of the SFT warm start (e.g. {"steps": 600, "examples": 4096})
+    or None; Run shows "Warm start: SFT, ..." when given.
+  * ``prompt`` (optional): "short" or "full", the seats' system prompt; Run says when the short
+    one replaced the recipe's.
 """
 
 from __future__ import annotations
@@ -21,18 +30,25 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from talkmethods.aggregate import KINDS, ResultsError, load_selftest, load_split_stats
 from talkmethods.atomic import atomic_path, write_text
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OFFLINE_LINE", "REFERENCES", "KIND_LABELS", "learned_sentences", "render_card", "plot_card",
-           "write_card"]
+__all__ = ["OFFLINE_LINE", "OFFLINE_TITLE", "REFERENCES", "KIND_LABELS", "learned_sentences", "render_card",
+           "plot_card", "write_card"]
 
-OFFLINE_LINE = ("**Offline default: the numbers on this card exercise the pipeline and say nothing about the "
-                "methods** (tiny model, generated problems).")
+OFFLINE_LINE = ("**Offline default, a toy world: a tiny model warm-started (SFT) on generated running-count "
+                "problems, not Qwen on GSM8K; the numbers compare the methods on this toy world only.**")
+OFFLINE_TITLE = ("Offline toy world: a tiny warm-started model on generated running-count problems, not Qwen on "
+                 "GSM8K; the numbers compare the methods on this toy world only")
+# An offline card whose meta says outright that there was no warm start: the tiny model is
+# untrained, so its numbers only exercise the pipeline (the old offline default).
+OFFLINE_UNTRAINED_LINE = ("**Offline, untrained: the numbers on this card exercise the pipeline and say nothing "
+                          "about the methods** (tiny model with random weights, generated problems).")
+OFFLINE_UNTRAINED_TITLE = "Offline, untrained: these numbers exercise the pipeline and say nothing about the methods"
 
 KIND_LABELS = {
     "eval": "held-out (trained A × trained B)",
@@ -100,73 +116,292 @@ def _seconds(x: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Learned: sentences from the numbers.
+# Learned: a short summary from the numbers.
 # ---------------------------------------------------------------------------------------------
 
 
-def _pair_sentence(summary: dict, comp: dict) -> str:
-    x, y = comp["x"], comp["y"]
-    ex, ey = (summary["per_arm"][a]["kinds"]["eval"] for a in (x, y))
-    nx, ny = summary["per_arm"][x]["n_seeds"], summary["per_arm"][y]["n_seeds"]
-    poi = f"P({x} > {y}) = {_f(comp['poi'])} [{_f(comp['lo'])}, {_f(comp['hi'])}]"
-    if comp["overlap"]:
-        return (f"The gap between {x} ({_ci(ex)}) and {y} ({_ci(ey)}) in held-out team accuracy needs more "
-                f"seeds: the {_level(summary)} intervals overlap ({poi}, over {nx} and {ny} seeds).")
-    if ex["mean"] >= ey["mean"]:
-        win, lose, ew, el, p, lo, hi = x, y, ex, ey, comp["poi"], comp["lo"], comp["hi"]
-    else:  # P(y > x) = 1 - P(x > y), ties counting 1/2; the interval flips with it.
-        win, lose, ew, el, p, lo, hi = y, x, ey, ex, 1 - comp["poi"], 1 - comp["hi"], 1 - comp["lo"]
-    return (f"{win} ({_ci(ew)}) is ahead of {lose} ({_ci(el)}) in held-out team accuracy: the "
-            f"{_level(summary)} intervals do not overlap, and the probability of improvement "
-            f"P({win} > {lose}) = {_f(p)} [{_f(lo)}, {_f(hi)}] over {nx} and {ny} seeds.")
+def _join(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _learned_sentence(summary: dict, arm: str) -> str:
-    a = summary["per_arm"][arm]
-    ps = a["kinds"]["eval"]["per_seed"]
-    detail = "; ".join(f"seed {p['seed']}: {_f(p['value'])}, {_p(p['p_value'])}" for p in ps)
-    return (f"{arm} learned on {a['seeds_learned']} of {a['n_seeds']} seeds (held-out team accuracy above "
-            f"base × base {_ci(summary['base'])} in a one-sided paired bootstrap over problems at "
-            f"{_level(summary)}; {detail}).")
+def _eval(summary: dict, arm: str) -> dict:
+    return summary["per_arm"][arm]["kinds"]["eval"]
 
 
-def _carry_sentence(summary: dict, arm: str, kind: str) -> str:
-    k = summary["per_arm"][arm]["kinds"][kind]
-    n = summary["per_arm"][arm]["n_seeds"]
+def _ranked(summary: dict) -> list[str]:
+    """Arms by held-out mean team accuracy, best first; ties keep config order (the sort is stable)."""
+    return sorted(summary["arms"], key=lambda a: -_eval(summary, a)["mean"])
+
+
+def _indistinct(summary: dict) -> bool:
+    """Whether two or more arms all show the same held-out mean and interval at card precision."""
+    arms = summary["arms"]
+    return len(arms) > 1 and len({_ci(_eval(summary, a)) for a in arms}) == 1
+
+
+def _arm_values(pairs: Sequence[tuple[str, dict]], every: bool = False) -> str:
+    """``ada 0.34 [0.30, 0.38] and raft 0.30 [...]``; one shared value is stated once, not per arm.
+
+    Args:
+      pairs: (arm, dict with mean/lo/hi) in the order to name them.
+      every: The pairs are every arm of the card (then a shared value reads "every arm (...)").
+    """
+    shown = {_ci(d) for _, d in pairs}
+    if len(pairs) > 1 and len(shown) == 1:
+        return f"every arm ({shown.pop()})" if every else f"{_join([a for a, _ in pairs])} (all {shown.pop()})"
+    return _join([f"{a} {_ci(d)}" for a, d in pairs])
+
+
+def _ranking_line(summary: dict) -> str:
+    """The arms ranked by held-out mean with intervals and seeds learned, base × base for reference.
+
+    When every arm shows the same numbers (e.g. the all-zero card of an untrained model) there is
+    no ranking to give, and the line says so instead of ordering ties.
+    """
+    arms, base = summary["arms"], summary["base"]
+    if _indistinct(summary):
+        ci = _ci(_eval(summary, arms[0]))
+        ref = f"as does base × base {_ci(base)}" if ci == _ci(base) else f"against base × base {_ci(base)}"
+        return (f"Nothing separates the arms: {_join(arms)} all score {ci} in held-out team accuracy "
+                f"(mean [{_level(summary)} interval]), {ref}.")
+    parts, prev = [], None
+    for i, arm in enumerate(_ranked(summary)):
+        a = summary["per_arm"][arm]
+        learned = f"{a['seeds_learned']}/{a['n_seeds']}" + (" seeds learned" if i == 0 else "")
+        text = f"{arm} {_ci(_eval(summary, arm))} ({learned})"
+        if prev is not None:  # "=" where the means print alike: the order between them is arbitrary
+            text = ("= " if _f(prev) == _f(_eval(summary, arm)["mean"]) else "> ") + text
+        parts.append(text)
+        prev = _eval(summary, arm)["mean"]
+    return (f"Ranking by held-out team accuracy (mean [{_level(summary)} interval]): {' '.join(parts)}; "
+            f"base × base {_ci(base)} for reference.")
+
+
+def _learned_clause(summary: dict) -> str:
+    """Seeds learned per arm (the paired test against base × base), arms that share a count grouped."""
+    groups: dict[tuple[int, int], list[str]] = {}
+    for arm in _ranked(summary):
+        a = summary["per_arm"][arm]
+        groups.setdefault((a["seeds_learned"], a["n_seeds"]), []).append(arm)
+    test = f"beats base × base in a one-sided paired bootstrap over problems at {_level(summary)}"
+    if len(groups) == 1 and len(summary["arms"]) > 1:
+        (k, n), = groups
+        counts = f"no arm on any of its {n} seeds" if k == 0 else f"every arm on {k} of {n} seeds"
+    else:
+        order = sorted(groups, key=lambda kn: -kn[0] / kn[1])
+        counts = ", ".join(f"{_join(groups[kn])} on {kn[0]} of {kn[1]}" + (" seeds" if i == 0 else "")
+                           for i, kn in enumerate(order))
+    return f"Learned ({test}): {counts}."
+
+
+def _oriented(summary: dict, x: str, y: str) -> dict | None:
+    """The comparison of ``x`` and ``y`` as P(x > y) with its interval, or None when the summary has none."""
+    for c in summary["comparisons"]:
+        if (c["x"], c["y"]) == (x, y):
+            return {"poi": c["poi"], "lo": c["lo"], "hi": c["hi"], "overlap": c["overlap"]}
+        if (c["x"], c["y"]) == (y, x):  # P(y > x) = 1 - P(x > y), ties counting 1/2; the interval flips with it
+            return {"poi": 1 - c["poi"], "lo": 1 - c["hi"], "hi": 1 - c["lo"], "overlap": c["overlap"]}
+    return None
+
+
+def _supported(summary: dict, x: str, y: str, comp: dict) -> bool:
+    """Whether ``x`` ahead of ``y`` is a gap the numbers show, not noise.
+
+    Both must hold: the two arms' intervals are apart, and the probability of improvement's
+    interval lies above 0.5. Overlap alone is a coarse check (intervals can overlap while a
+    difference is real, and the reverse with few seeds), so a gap is called only when both agree.
+    """
+    return (not comp["overlap"] and comp["lo"] > 0.5
+            and _eval(summary, x)["mean"] > _eval(summary, y)["mean"])
+
+
+def _poi_text(x: str, y: str, comp: dict) -> str:
+    return f"P({x} > {y}) = {_f(comp['poi'])} [{_f(comp['lo'])}, {_f(comp['hi'])}]"
+
+
+def _noise_reason(noise: Sequence[tuple[str, dict]]) -> str:
+    """Why gaps within noise are not called: the intervals overlap, or P's interval reaches 0.5."""
+    apart = [o for o, c in noise if not c["overlap"]]
+    if not apart:
+        return "intervals overlap"
+    if len(apart) == len(noise):
+        return "intervals apart, but the probability of improvement's interval reaches 0.5"
+    return f"intervals overlap, except for {_join(apart)}, where the probability of improvement's interval reaches 0.5"
+
+
+def _gaps_clause(summary: dict) -> str:
+    """The top arm against each other arm (supported, or within noise), then the other pairs in brief."""
+    ranked = _ranked(summary)
+    top, rest = ranked[0], ranked[1:]
+    pairs = [(o, _oriented(summary, top, o)) for o in rest]
+    pairs = [(o, c) for o, c in pairs if c is not None]
+    if not pairs:
+        return ""
+    ahead = [(o, c) for o, c in pairs if _supported(summary, top, o, c)]
+    noise = [(o, c) for o, c in pairs if not _supported(summary, top, o, c)]
+    ahead_text = (f"supported over {_join([o for o, _ in ahead])} ({_level(summary)} intervals apart; "
+                  + ", ".join(_poi_text(top, o, c) for o, c in ahead) + ")")
+    noise_text = (f"within noise over {_join([o for o, _ in noise])}: needs more seeds ({_noise_reason(noise)}; "
+                  + ", ".join(_poi_text(top, o, c) for o, c in noise) + ")")
+    if ahead and noise:
+        out = f"{top}'s lead is {ahead_text} but {noise_text}."
+    else:
+        out = f"{top}'s lead is {ahead_text if ahead else noise_text}."
+
+    # Pairs without the top arm: only the supported gaps are named, so that nothing is lost from
+    # the old per-pair list without repeating every P(x > y).
+    others = []
+    for i, x in enumerate(rest):
+        for y in rest[i + 1:]:
+            c = _oriented(summary, x, y)
+            if c is not None:
+                others.append((x, y, c))
+    if not others:
+        return out
+    shown = [f"{x} over {y} ({_poi_text(x, y, c)})" for x, y, c in others if _supported(summary, x, y, c)]
+    if not shown:
+        return out + " No gap among the other arms is supported."
+    tail = "; the others are within noise" if len(shown) < len(others) else ""
+    return out + f" Among the other arms, supported: {', '.join(shown)}{tail}."
+
+
+def _statistics_line(summary: dict) -> str:
+    """What the tests support: seeds learned per arm, and the top arm's lead over each other arm."""
+    line = _learned_clause(summary)
+    # With indistinct arms there is no top arm: the ranking line already says nothing separates them.
+    gaps = "" if _indistinct(summary) else _gaps_clause(summary)
+    return f"{line} {gaps}" if gaps else line
+
+
+def _carry_clause(summary: dict, kind: str, with_base: bool = True) -> str | None:
+    """One pairing with a base partner across arms, against base × base, arms grouped by verdict.
+
+    Args:
+      summary: As for ``learned_sentences``.
+      kind: "crossplay" (trained A × base B) or "crossplay_bA" (base A × trained B).
+      with_base: Name base × base's interval in the clause (once per line is enough).
+    """
+    arms = [a for a in _ranked(summary) if kind in summary["per_arm"][a]["kinds"]]
+    if not arms:
+        return None
     base = summary["base"]
-    where = "with a base partner in seat B (trained A × base B)" if kind == "crossplay" else \
-        "with a base partner in seat A (base A × trained B)"
-    seeds = f"it beats base × base on {k['seeds_beat_base']} of {n} seeds"
-    if k["overlaps_base"]:
-        return (f"{arm} {where} scores {_ci(k)} against base × base {_ci(base)}: the intervals overlap, so no "
-                f"carry-over to a base partner is shown ({seeds}).")
-    if k["lo"] > base["hi"]:
-        return (f"{arm} {where} scores {_ci(k)}, above base × base {_ci(base)}: the skill carries over to a "
-                f"base partner ({seeds}).")
-    return (f"{arm} {where} scores {_ci(k)}, below base × base {_ci(base)}: the pairing does worse than two "
-            f"base models ({seeds}).")
+    groups: dict[str, list[tuple[str, dict]]] = {"above": [], "overlap": [], "below": []}
+    for arm in arms:
+        k = summary["per_arm"][arm]["kinds"][kind]
+        verdict = "overlap" if k["overlaps_base"] else "above" if k["lo"] > base["hi"] else "below"
+        groups[verdict].append((arm, k))
+    every = len(arms) == len(summary["arms"])
+    say = {"above": ("is above", "are above", ", so the skill carries over to a base partner"),
+           "overlap": ("overlaps", "overlap", ", so no carry-over to a base partner is shown"),
+           "below": ("is below", "are below", ": the pairing does worse than two base models")}
+    parts = []
+    for verdict, group in groups.items():
+        if group:
+            subject = _arm_values(group, every=every and len(group) == len(arms))
+            one, many, why = say[verdict]
+            verb = one if len(group) == 1 or subject.startswith("every arm") else many
+            parts.append(f"{subject} {verb} it{why}")
+    label = "Cross-play (trained A × base B)" if kind == "crossplay" else "Base A × trained B"
+    ref = f"base × base {_ci(base)}" if with_base else "the same base × base"
+    return f"{label} against {ref}: " + "; ".join(parts) + "."
+
+
+def _crossplay_line(summary: dict) -> str | None:
+    clauses = []
+    for kind in ("crossplay", "crossplay_bA"):
+        clause = _carry_clause(summary, kind, with_base=not clauses)
+        if clause:
+            clauses.append(clause)
+    return " ".join(clauses) or None
+
+
+def _is_ada(arm: str) -> bool:
+    # Reinforce-Ada arms: "ada" and variants such as "ada_mixed" (DESIGN: the next arm to add).
+    return arm == "ada" or arm.startswith("ada_")
+
+
+def _cost_line(summary: dict) -> str | None:
+    """Reinforce-Ada's extra sampling (chats drawn per training step) against the other arms."""
+    drawn = {a: summary["per_arm"][a].get("train", {}).get("chats_drawn_per_step") for a in summary["arms"]}
+    drawn = {a: v for a, v in drawn.items() if v is not None}
+    ada = [a for a in drawn if _is_ada(a)]
+    others = [a for a in drawn if not _is_ada(a)]
+    if not ada or not others:
+        return None
+    ref = sum(drawn[a] for a in others) / len(others)
+    if len({_f(drawn[a], 1) for a in others}) == 1:
+        against = f"{_f(ref, 1)} for {_join(others)}"
+    else:
+        against = ", ".join(f"{a} {_f(drawn[a], 1)}" for a in others) + f" (mean {_f(ref, 1)})"
+    ada_text = _join([f"{a} {_f(drawn[a], 1)}" for a in ada])
+    ratio = f" ({', '.join(f'{drawn[a] / ref:.2f}×' for a in ada)})" if ref > 0 else ""
+    return (f"Cost of Reinforce-Ada's adaptive sampling: chats drawn per training step, {ada_text} against "
+            f"{against}{ratio}.")
+
+
+def _seat_mean(figures: dict, key: str) -> float | None:
+    xs = [figures.get(f"{key}_{s}") for s in ("A", "B")]
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _extremes(summary: dict, key: str, digits: int) -> tuple[str, str, str] | None:
+    """(lowest arm and value, highest arm and value, base value) of a seat-averaged figure.
+
+    None where fewer than two arms have the figure or all print the same: then there is no
+    difference to report.
+    """
+    vals = {a: _seat_mean(_eval(summary, a).get("figures") or {}, key) for a in summary["arms"]}
+    vals = {a: v for a, v in vals.items() if v is not None}
+    if len(vals) < 2 or len({_f(v, digits) for v in vals.values()}) == 1:
+        return None
+    lo, hi = min(vals, key=vals.get), max(vals, key=vals.get)
+    base = _seat_mean(summary["base"], key)
+    return f"{lo} {_f(vals[lo], digits)}", f"{hi} {_f(vals[hi], digits)}", _f(base, digits)
+
+
+def _messages_line(summary: dict) -> str | None:
+    """Message length and partner-fact use, only where the arms differ (point means, no intervals)."""
+    parts = []
+    chars = _extremes(summary, "chars", 0)
+    if chars:
+        parts.append(f"characters per message from {chars[0]} to {chars[1]} (base × base {chars[2]})")
+    use = _extremes(summary, "partner_use", 2)
+    if use:
+        parts.append(f"partner-fact use from {use[0]} to {use[1]} (base × base {use[2]})")
+    if not parts:
+        return None
+    return ("Messages (held-out, mean over seeds and seats; point values without intervals): "
+            + "; ".join(parts) + ".")
 
 
 def learned_sentences(summary: dict) -> list[str]:
-    """The Learned section's claims, generated from the numbers of ``summary`` (pure; no I/O).
+    """The Learned section: a few lines summarizing the numbers of ``summary`` (pure; no I/O).
 
-    In order: one sentence per pair of arms on held-out team accuracy ("needs more seeds" where
-    the intervals overlap; otherwise the winner with both intervals and its probability of
-    improvement), then per arm the seeds learned (k of n, with each seed's value and p-value),
-    then per arm the carry-over of cross-play (trained A × base B) and of base A × trained B
-    against base × base. Every sentence carries the numbers it rests on.
+    In order, each line present only where the summary has its numbers:
+
+    1. The arms ranked by held-out mean team accuracy, each with its interval and seeds learned,
+       and base × base for reference; "nothing separates the arms" when all print the same.
+    2. What the statistics support: seeds learned per arm (paired test against base × base),
+       then the top arm's lead over each other arm, "supported" only where the intervals are
+       apart and the probability of improvement's interval lies above 0.5, else "within noise:
+       needs more seeds"; arms sharing a verdict share a clause.
+    3. Cross-play (trained A × base B), then base A × trained B, against base × base.
+    4. Reinforce-Ada's extra chats drawn per training step against the other arms.
+    5. Message length and partner-fact use, only where the arms differ.
 
     Args:
       summary: As returned by ``aggregate.summarize`` (only ``alpha``, ``arms``, ``base``,
-        ``per_arm`` and ``comparisons`` are read).
+        ``per_arm`` and ``comparisons`` are read; ``train`` and ``figures`` are optional).
+
+    Returns:
+      The lines, without bullets.
     """
-    out = [_pair_sentence(summary, c) for c in summary["comparisons"]]
-    out += [_learned_sentence(summary, arm) for arm in summary["arms"]]
-    for arm in summary["arms"]:
-        for kind in ("crossplay", "crossplay_bA"):
-            if kind in summary["per_arm"][arm]["kinds"]:
-                out.append(_carry_sentence(summary, arm, kind))
-    return out
+    lines = [_ranking_line(summary), _statistics_line(summary), _crossplay_line(summary),
+             _cost_line(summary), _messages_line(summary)]
+    return [s for s in lines if s]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +427,41 @@ def _is_cpu(summary: dict, meta: dict) -> bool:
     return all(str(d).lower().startswith("cpu") for d in devices)
 
 
+def _offline_banner(meta: dict) -> tuple[str, str] | None:
+    """(first line of card.md, figure title) for an offline card, or None for a real run.
+
+    ``meta["offline"]`` is the switch. The toy-world banner is the default; only a meta that sets
+    ``warmstart`` to None (an offline model that was never trained) gets the untrained one, so the
+    card never says "warm-started" of a model that was not.
+    """
+    if not meta.get("offline"):
+        return None
+    if "warmstart" in meta and meta["warmstart"] is None:
+        return OFFLINE_UNTRAINED_LINE, OFFLINE_UNTRAINED_TITLE
+    return OFFLINE_LINE, OFFLINE_TITLE
+
+
+def _setup_lines(meta: dict) -> list[str]:
+    """Run lines on what the model was trained on and prompted with, where ``meta`` says so."""
+    lines = []
+    if meta.get("world"):
+        lines.append(f"- World: {meta['world']}")
+    warm = meta.get("warmstart")
+    if warm:
+        detail = ", ".join(f"{str(k).replace('_', ' ')} {v}" for k, v in warm.items()) if isinstance(warm, dict) \
+            else str(warm)
+        lines.append(f"- Warm start: SFT, {detail}")
+    prompt = meta.get("prompt")
+    if prompt == "short":
+        # The short prompt departs from the recipe; a reader comparing with Qwen runs must see it.
+        lines.append("- Seat prompts: the short system prompt (the toy world's), not the recipe's")
+    elif prompt == "full":
+        lines.append("- Seat prompts: the recipe's system prompt")
+    elif prompt:
+        lines.append(f"- Seat prompts: {prompt}")
+    return lines
+
+
 def _run_lines(summary: dict, meta: dict) -> list[str]:
     c = summary["compute"]
     unit = "CPU" if _is_cpu(summary, meta) else "GPU"
@@ -200,6 +470,7 @@ def _run_lines(summary: dict, meta: dict) -> list[str]:
     return [
         f"- Model: {meta.get('model', 'n/a')}",
         f"- Data: {meta.get('data', 'n/a')}; {summary['n_problems']} held-out problems",
+        *_setup_lines(meta),
         f"- Machine: {meta.get('device', 'n/a')} (eval devices: {', '.join(c['devices'])})",
         f"- {unit} seconds: training {_seconds(train)} (generation {_seconds(c['train_gen_s'])}, updates "
         f"{_seconds(c['train_train_s'])}), evaluation {_seconds(c['eval_wall_s'])}, total {_seconds(c['total_s'])}",
@@ -299,7 +570,8 @@ def _climb_lines(summary: dict, png_ref: str) -> list[str]:
 
 def render_card(summary: dict, meta: dict, checks: dict, png_ref: str = "card.png") -> str:
     """The text of card.md for ``summary``; ``checks`` holds ``selftest`` and ``split_stats``."""
-    lines = [OFFLINE_LINE, ""] if meta.get("offline") else []
+    banner = _offline_banner(meta)
+    lines = [banner[0], ""] if banner else []
     lines += ["# Talk Methods card", "",
               "Which RL method best teaches two copies of a model, each holding half of the facts of a GSM8K "
               "problem, to talk their way to a right answer?", ""]
@@ -318,8 +590,15 @@ def render_card(summary: dict, meta: dict, checks: dict, png_ref: str = "card.pn
 # ---------------------------------------------------------------------------------------------
 
 
-def plot_card(summary: dict, path: str | os.PathLike, offline: bool = False) -> None:
-    """Draw card.png to ``path`` (not atomic; ``write_card`` wraps it)."""
+def plot_card(summary: dict, path: str | os.PathLike, offline: bool = False, title: str | None = None) -> None:
+    """Draw card.png to ``path`` (not atomic; ``write_card`` wraps it).
+
+    Args:
+      summary: From ``aggregate.summarize``.
+      path: Where the PNG goes.
+      offline: The card is from an offline run: a red title says what its numbers are about.
+      title: That title; ``OFFLINE_TITLE`` when None.
+    """
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -365,8 +644,7 @@ def plot_card(summary: dict, path: str | os.PathLike, offline: bool = False) -> 
     right.grid(alpha=0.3)
     right.legend(fontsize=8, loc="best")
     if offline:
-        fig.suptitle("Offline default: these numbers exercise the pipeline and say nothing about the methods",
-                     color="C3", fontsize=11)
+        fig.suptitle(title or OFFLINE_TITLE, color="C3", fontsize=11)
     fig.savefig(path, format="png")
 
 
@@ -380,7 +658,7 @@ def write_card(summary: dict, results_dir: str | os.PathLike, card_md_path: str 
         read when the summary carries no ``checks``.
       card_md_path: Where card.md goes.
       card_png_path: Where card.png goes (card.md links it by its path relative to card.md).
-      meta: See the module docstring (model, data, device, recipe, offline).
+      meta: See the module docstring (model, data, device, recipe, offline, world, warmstart, prompt).
 
     Raises:
       ResultsError: The checks are neither in the summary nor readable from ``results_dir``.
@@ -396,8 +674,9 @@ def write_card(summary: dict, results_dir: str | os.PathLike, card_md_path: str 
     md, png = Path(card_md_path), Path(card_png_path)
     png_ref = Path(os.path.relpath(png.resolve(), md.resolve().parent)).as_posix()
     text = render_card(summary, meta, checks, png_ref)
+    banner = _offline_banner(meta)
     with atomic_path(png) as tmp:
-        plot_card(summary, tmp, offline=bool(meta.get("offline")))
+        plot_card(summary, tmp, offline=banner is not None, title=banner[1] if banner else None)
     write_text(md, text)
     log.info("wrote %s and %s", md, png)
 

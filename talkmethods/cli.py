@@ -1,6 +1,7 @@
 """Command line: every stage runs on its own, outside Snakemake.
 
     python -m talkmethods split    --config config.yaml [--config offline.yaml] [--results results]
+    python -m talkmethods warmstart --config ...   (configs with model.warmstart)
     python -m talkmethods train    --config ... --arm raft --seed 17
     python -m talkmethods eval     --config ... --kind eval|crossplay|crossplay_bA|base [--arm --seed]
     python -m talkmethods selftest [--out results/selftest.json]
@@ -22,7 +23,7 @@ from talkmethods.errors import friendly_errors
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="talkmethods", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="stage", required=True)
-    for name in ("split", "train", "eval"):
+    for name in ("split", "warmstart", "train", "eval"):
         p = sub.add_parser(name)
         p.add_argument("--config", action="append", default=None, help="config files; later ones override")
         p.add_argument("--results", default="results")
@@ -62,21 +63,33 @@ def _run(args) -> int:
         stages.split_stage(C.split_params(cfg), r / "data/train.jsonl", r / "data/heldout.jsonl",
                            r / "data/split_stats.json")
         return 0
+    if args.stage == "warmstart":
+        params = C.warmstart_params(cfg)
+        if params is None:
+            raise C.ConfigError("config: model.warmstart is null: this config has no warm start to run")
+        _exists(r / "data/train.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
+        stages.warmstart_stage(params, r / "data/train.jsonl", r / C.WARMSTART_MODEL, r / "warmstart/stats.json")
+        return 0
+    warm = "run `python -m talkmethods warmstart` with the same --config and --results first"
     if args.stage == "train":
         _need(args, "arm", "seed")
         run = r / args.arm / f"seed{args.seed}"
         _exists(r / "data/train.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
-        stages.train_stage(C.train_params(cfg, args.arm, args.seed), r / "data/train.jsonl", run / "adapter",
+        if cfg["model"].get("warmstart"):
+            _exists(r / C.WARMSTART_MODEL, warm)
+        stages.train_stage(C.train_params(cfg, args.arm, args.seed, str(r)), r / "data/train.jsonl", run / "adapter",
                            run / "train_log.jsonl", Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}")
         return 0
     _exists(r / "data/heldout.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
+    if cfg["model"].get("warmstart"):
+        _exists(r / C.WARMSTART_MODEL, warm)
     if args.kind == "base":
-        stages.eval_stage(C.eval_params(cfg), "base", r / "data/heldout.jsonl", None, r / "base/eval.json")
+        stages.eval_stage(C.eval_params(cfg, str(r)), "base", r / "data/heldout.jsonl", None, r / "base/eval.json")
         return 0
     _need(args, "arm", "seed")
     run = r / args.arm / f"seed{args.seed}"
     _exists(run / "adapter", f"train it first: `python -m talkmethods train --arm {args.arm} --seed {args.seed}`")
-    stages.eval_stage(C.eval_params(cfg), args.kind, r / "data/heldout.jsonl", str(run / "adapter"),
+    stages.eval_stage(C.eval_params(cfg, str(r)), args.kind, r / "data/heldout.jsonl", str(run / "adapter"),
                       run / f"{args.kind}.json", arm=args.arm, seed=args.seed)
     return 0
 

@@ -9,6 +9,7 @@ from importlib import resources
 import yaml
 
 OFFLINE_MODEL = "offline-tiny-qwen2"  # = talkmethods.models.OFFLINE_MODEL (not imported: that pulls in torch)
+WARMSTART_MODEL = "warmstart/model"  # under the results dir: the warm-started base model (rule warmstart)
 GSM8K_ROWS = {"n_train": 7473, "n_heldout": 1319}  # openai/gsm8k (main): rows of train and test
 
 
@@ -56,6 +57,12 @@ def validate_config(config: dict) -> None:
     looks_local = name.startswith((".", "/", "~")) or os.sep in name and not _hub_id(name)
     if looks_local and not os.path.isdir(os.path.expanduser(name)):
         raise ConfigError(f"config: model.name = {name!r}: no such directory (a local model dir, a hub id, or {OFFLINE_MODEL!r})")
+    warm = config["model"].get("warmstart")
+    if warm and name != OFFLINE_MODEL:
+        raise ConfigError(f"config: model.warmstart builds and trains its own small model; set model.name: {OFFLINE_MODEL} "
+                          f"with it, or model.warmstart: null to use {name!r} as it is")
+    if warm and warm["hidden"] % warm["heads"] or warm and warm["heads"] % warm["kv_heads"]:
+        raise ConfigError("config: model.warmstart: hidden must be a multiple of heads, and heads of kv_heads")
     data = config["data"]
     if data["source"] == "local":
         d = data.get("local_dir")
@@ -132,11 +139,11 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def train_params(config: dict, arm: str, seed: int) -> dict:
+def train_params(config: dict, arm: str, seed: int, results: str = "results") -> dict:
     """Plain values of one training run (a rule's ``params:``, so an edit reruns it)."""
     t = config["train"]
     return {
-        "arm": arm, "seed": int(seed), "model": model_params(config),
+        "arm": arm, "seed": int(seed), "model": model_params(config, results),
         "steps": t["steps"], "problems_per_step": t["problems_per_step"],
         "chats_per_problem": t["chats_per_problem"], "learning_rate": t["learning_rate"],
         "lr_schedule": t.get("lr_schedule", "constant"), "lora_r": t["lora_r"],
@@ -153,15 +160,24 @@ def train_params(config: dict, arm: str, seed: int) -> dict:
     }
 
 
-def model_params(config: dict) -> dict:
+def model_params(config: dict, results: str = "results") -> dict:
+    """The base model every arm and eval starts from: the warm-started one when the config has a warm start."""
+    if config["model"].get("warmstart"):
+        return {"name": f"{results}/{WARMSTART_MODEL}"}
     return {"name": config["model"]["name"]}
 
 
-def eval_params(config: dict) -> dict:
+def warmstart_params(config: dict) -> dict | None:
+    """Plain values of the warm start (a rule's ``params:``), or None when the config has none."""
+    warm = config["model"].get("warmstart")
+    return {**warm, "precision": config["model"].get("precision", "auto")} if warm else None
+
+
+def eval_params(config: dict, results: str = "results") -> dict:
     """Plain values of every eval (a rule's ``params:``)."""
     e = config["eval"]
     return {
-        "model": model_params(config), "precision": config["model"].get("precision", "auto"),
+        "model": model_params(config, results), "precision": config["model"].get("precision", "auto"),
         "sampling": {"max_new_tokens": e["max_new_tokens"], "temperature": e["temperature"], "top_p": e["top_p"],
                      "top_k": e.get("top_k", 0), "max_prompt_tokens": config["train"].get("max_prompt_tokens", 2048)},
         "chats_per_problem": e["chats_per_problem"], "batch_chats": e.get("batch_chats", 600),
@@ -173,4 +189,4 @@ def eval_params(config: dict) -> dict:
 def split_params(config: dict) -> dict:
     d = config["data"]
     return {"source": d["source"], "local_dir": d.get("local_dir"), "n_train": d["n_train"],
-            "n_heldout": d["n_heldout"], "data_seed": d["data_seed"]}
+            "n_heldout": d["n_heldout"], "data_seed": d["data_seed"], "world": d["world"], "prompt": d["prompt"]}

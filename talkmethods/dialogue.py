@@ -62,23 +62,52 @@ def seat_messages(problem: dict, turn: int, history: list[str]) -> list[dict]:
 
 
 _CALC_MARK = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations
+_COUNT_STEP = re.compile(r"(\d+) ([+-]) (\d+) = <<[^>]*>>\d+")  # a running count's step: "8 - 4 = <<8-4=4>>4"
 
 
-def ideal_dialogue(problem: dict) -> list[str]:
-    """The four messages of a perfect chat, the warm start's SFT target.
+def _scratchpad(start: int, changes: list[tuple[str, int]], slip: tuple[int, int] | None = None) -> tuple[str, int]:
+    """A running count worked one two-operand step at a time (``8 - 4 = 4. 4 + 6 = 10.``) and its result.
 
-    Each seat first states its own facts verbatim; then both final messages work the problem from
-    its worked solution (GSM8K's lines, calculator marks dropped, e.g. ``4 + 5 = 9. 9 - 3 = 6.``) and
-    box the gold. B2 repeats the computation rather than deferring to A2, so each graded message
-    stands on its own.
+    ``slip`` = (step, error): that step's result is off by ``error`` and the rest carries it on.
+    """
+    steps, value = [], start
+    for i, (op, k) in enumerate(changes):
+        before, value = value, value + k if op == "+" else value - k
+        if slip is not None and slip[0] == i:
+            value += slip[1]
+        steps.append(f"{before} {op} {k} = {value}.")
+    return " ".join(steps), value
+
+
+def ideal_dialogue(problem: dict, slip: tuple[str, int, int] | None = None) -> list[str]:
+    """The four messages of a good chat, the warm start's SFT target.
+
+    Each seat first states its own facts verbatim; then each final message works the problem and
+    boxes its result. A2 follows the worked solution (GSM8K's lines, calculator marks dropped, e.g.
+    ``4 + 5 = 9. 9 - 3 = 6.``). On a running count B2 works it in its own order (the start, its own
+    changes, then A's), so B computes rather than copies A2, and ``slip`` = (seat, step, error) puts
+    one arithmetic slip into that seat's working (its box then carries the error). A warm start
+    taught only perfect dialogues learns to copy A's answer: both seats right or both wrong, and
+    partial credit (one seat right), where the arms' signals differ, vanishes as it converges. With
+    a share of single-seat slips in its data, each seat slips on its own and RL has them to remove.
+    Other problems' B2 repeats A2's working and ``slip`` is ignored.
 
     Args:
         problem: a record with ``facts_a``, ``facts_b``, ``answer`` (ending ``#### N``) and ``gold``.
+        slip: ``("A" | "B", step index, nonzero error)``, or None for a perfect dialogue.
 
     Returns:
         The texts of A1, B1, A2, B2.
     """
     lines = [ln.strip() for ln in problem["answer"].rpartition("####")[0].splitlines() if ln.strip()]
-    steps = " ".join(_CALC_MARK.sub("", ln).rstrip(".") + "." for ln in lines)
-    final = f"{steps} \\boxed{{{problem['gold']}}}".strip()
-    return [" ".join(problem["facts_a"]), " ".join(problem["facts_b"]), final, final]
+    box = f"\\boxed{{{problem['gold']}}}"
+    final = " ".join(_CALC_MARK.sub("", ln).rstrip(".") + "." for ln in lines) + f" {box}"
+    finals = {"A": final.strip(), "B": final.strip()}
+    counts = [_COUNT_STEP.fullmatch(ln) for ln in lines]
+    if counts and all(counts):
+        start, changes = int(counts[0][1]), [(m[2], int(m[3])) for m in counts]  # change i is fact i + 1
+        orders = {"A": changes, "B": changes[0::2] + changes[1::2]}  # B holds the odd facts: its own first
+        for seat, order in orders.items():
+            steps, value = _scratchpad(start, order, slip[1:] if slip and slip[0] == seat else None)
+            finals[seat] = f"{steps} \\boxed{{{value}}}"
+    return [" ".join(problem["facts_a"]), " ".join(problem["facts_b"]), finals["A"], finals["B"]]

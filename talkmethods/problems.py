@@ -184,11 +184,11 @@ def _load_local(local_dir: str | os.PathLike | None) -> tuple[list[dict], list[d
     return pools[0], pools[1]
 
 
-def _load_generated(seed: int, n_train: int, n_test: int) -> tuple[list[dict], list[dict]]:
+def _load_generated(seed: int, n_train: int, n_test: int, world: str) -> tuple[list[dict], list[dict]]:
     """Generate one batch of unique problems and cut it into train and test (disjoint)."""
     from talkmethods.synthetic import generate_problems
 
-    rows = generate_problems(n_train + n_test, seed)
+    rows = generate_problems(n_train + n_test, seed, world)
     pools = []
     for split, chunk in (("train", rows[:n_train]), ("test", rows[n_train:])):
         pools.append(
@@ -207,6 +207,7 @@ def load_gsm8k(
     seed: int = 0,
     n_generated_train: int = 2048,
     n_generated_test: int = 512,
+    world: str = "templates",
 ) -> tuple[list[dict], list[dict]]:
     """Load the train and test pools from the configured source.
 
@@ -218,6 +219,7 @@ def load_gsm8k(
         seed: Generator seed for the ``"generated"`` source.
         n_generated_train: Train pool size for the ``"generated"`` source.
         n_generated_test: Test pool size for the ``"generated"`` source.
+        world: Which generated world (``talkmethods.synthetic.WORLDS``) for the ``"generated"`` source.
 
     Returns:
         ``(train_pool, test_pool)``: lists of problem records (see `parse_problem`).
@@ -230,7 +232,7 @@ def load_gsm8k(
     elif source == "local":
         train, test = _load_local(local_dir)
     elif source == "generated":
-        train, test = _load_generated(seed, n_generated_train, n_generated_test)
+        train, test = _load_generated(seed, n_generated_train, n_generated_test, world)
     else:
         raise DataError(f"data.source must be one of {', '.join(SOURCES)}; got {source!r}")
     log.info("data source %s: %d train, %d test problems", source, len(train), len(test))

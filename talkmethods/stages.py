@@ -25,15 +25,28 @@ def split_stage(params: dict, out_train: str, out_heldout: str, out_stats: str) 
 
     n_gen = max(4 * params["n_train"], 64), max(4 * params["n_heldout"], 64)
     train_pool, test_pool = load_gsm8k(params["source"], params.get("local_dir"), seed=params["data_seed"],
-                                       n_generated_train=n_gen[0], n_generated_test=n_gen[1])
+                                       n_generated_train=n_gen[0], n_generated_test=n_gen[1],
+                                       world=params["world"])
     train, heldout, stats = draw_problems(train_pool, test_pool, params["n_train"], params["n_heldout"],
                                           params["data_seed"])
+    for record in train + heldout:  # the seat prompts' style travels with the problems to every stage
+        record["prompt_style"] = params["prompt"]
     stats["params"] = params
     write_jsonl(out_train, train)
     write_jsonl(out_heldout, heldout)
     write_json(out_stats, stats)
     log.info("split: %d train, %d held-out (eligible %d / %d)", len(train), len(heldout),
              stats["train"]["eligible"], stats["heldout"]["eligible"])
+    return stats
+
+
+def warmstart_stage(params: dict, problems: str, out_model: str, out_stats: str) -> dict:
+    """Warm-start the base model on the train problems' ideal dialogues; write the model dir and its statistics."""
+    from talkmethods.warmstart import WarmStartConfig, warm_start
+
+    stats = warm_start(WarmStartConfig(**params), read_jsonl(problems), out_model)
+    write_json(out_stats, stats)
+    log.info("warm start: loss %s -> %s in %.0f s", stats["loss_first"], stats["loss_last"], stats["wall_s"])
     return stats
 
 

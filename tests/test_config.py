@@ -48,6 +48,11 @@ BAD = {
     "local-missing-dir": ("data: {source: local, local_dir: ./no/such/data}", "data.local_dir", ["no such directory", "data.source: local"]),
     "local-unset-dir": ("data: {source: local}", "data.local_dir", ["no such directory"]),
     "n-train-over-hub": ("data: {source: hub, n_train: 8000}", "data.n_train", ["7473", "lower data.n_train"]),
+    "warmstart-with-hub-model": ("model: {name: Qwen/Qwen2.5-1.5B-Instruct}", "model.warmstart",
+                                 ["model.name: offline-tiny-qwen2", "model.warmstart: null"]),
+    "warmstart-heads": ("model: {warmstart: {heads: 3}}", "model.warmstart", ["multiple of heads"]),
+    "warmstart-slip-rate": ("model: {warmstart: {slip_rate: 1.5}}", "model.warmstart.slip_rate", ["maximum 1"]),
+    "unknown-world": ("data: {world: chess}", "data.world", ["allowed: count, templates"]),
 }
 
 
@@ -169,6 +174,13 @@ def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch
     ]
     (tmp_path / "results/data").mkdir(parents=True)
     (tmp_path / "results/data/heldout.jsonl").write_text("{}\n")
+    no_warm = ("error: results/warmstart/model: not found; run `python -m talkmethods warmstart` with the same "
+               "--config and --results first")
+    for argv in (["eval", *cfg, "--kind", "base"], ["eval", *cfg, "--kind", "eval", "--arm", "grpo", "--seed", "17"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert _one_error_line(capsys.readouterr().err) == no_warm  # the offline default's evals need the warm start
+    (tmp_path / "results/warmstart/model").mkdir(parents=True)
     cases.append((["eval", *cfg, "--kind", "eval", "--arm", "grpo", "--seed", "17"],
                   "error: results/grpo/seed17/adapter: not found; train it first: "
                   "`python -m talkmethods train --arm grpo --seed 17`"))
@@ -268,7 +280,7 @@ def test_a_model_dir_that_holds_no_model_is_one_line_naming_model_name(tmp_path)
     empty.mkdir()
     odd.mkdir()
     (odd / "config.json").write_text('{"model_type": "nonsense"}')
-    validate_config(merge(base_config(), {"model": {"name": str(empty)}}))
+    validate_config(merge(base_config(), {"model": {"name": str(empty), "warmstart": None}}))
     for folder in (empty, odd):
         for load, what in ((lambda s: load_tokenizer(s), "tokenizer"), (lambda s: load_model(s, torch.float32), "causal LM")):
             with pytest.raises(ModelError) as err:
