@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 __all__ = ["OFFLINE_LINE", "OFFLINE_TITLE", "REFERENCES", "KIND_LABELS", "learned_sentences", "render_card",
            "plot_card", "write_card"]
 
-OFFLINE_LINE = ("**Offline default, a toy world: a tiny model warm-started (SFT) on generated running-count "
-                "problems, not Qwen on GSM8K; the numbers compare the methods on this toy world only.**")
-OFFLINE_TITLE = ("Offline toy world: a tiny warm-started model on generated running-count problems, not Qwen on "
+OFFLINE_LINE = ("**Toy world: a small model warm-started (SFT) on generated running-count problems, not Qwen on "
+                "GSM8K; the numbers compare the methods on this toy world only.**")
+OFFLINE_TITLE = ("Toy world: a small warm-started model on generated running-count problems, not Qwen on "
                  "GSM8K; the numbers compare the methods on this toy world only")
 # An offline card whose meta says outright that there was no warm start: the tiny model is
 # untrained, so its numbers only exercise the pipeline (the old offline default).

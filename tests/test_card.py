@@ -264,7 +264,7 @@ def test_write_card_sections_and_png(summary_and_root, tmp_path, offline):
     first = text.splitlines()[0]
     if offline:
         assert first == OFFLINE_LINE and "toy world" in first and "not Qwen on GSM8K" in first
-        assert first.startswith("**Offline default")  # tests/test_pipeline.py checks this prefix
+        assert first.startswith("**Toy world")  # tests/test_pipeline.py checks this prefix
     else:
         assert first == "# Talk Methods card" and "toy world" not in text
     positions = [text.index(s) for s in SECTIONS]

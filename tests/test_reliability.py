@@ -323,7 +323,8 @@ def test_killed_snakemake_run_recovers_with_unlock_and_rerun_incomplete(tmp_path
     root = tmp_path / "wf"
     root.mkdir()
     (root / "small.yaml").write_text(yaml.safe_dump({k: SMALL[k] for k in ("arms", "seeds", "train", "eval", "stats")}
-                                                    | {"data": {"n_train": 16, "n_heldout": 4}}))
+                                                    | {"data": {"n_train": 16, "n_heldout": 4},
+                                                       "model": {"warmstart": None}}))  # the random tiny model
     target = f"{RUN}/train_log.jsonl"
     kill_step = random.Random().randint(2, STEPS - 1)
     with open(tmp_path / "killed.err", "w") as err:
