@@ -8,6 +8,8 @@ trained turns. No rule divides by a standard deviation: the recipe says "minus t
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -104,6 +106,22 @@ ARM_PLANS: dict[str, ArmPlan] = {
     "mixed": ArmPlan(replay=False, base_b_per_4=2),
     "ada_mixed": ArmPlan(replay=True, base_b_per_4=2),
 }
+
+
+def seat_plan(n_chats: int, group: int, base_b_per_4: int) -> list[tuple[bool, bool]]:
+    """(A trained?, B trained?) per chat: within each problem's ``group`` chats, the last ``group·base_b_per_4/4`` have a base B.
+
+    Chats come problem by problem, ``group`` at a time (a replay round too), so the share of base
+    partners holds for every problem, not only on average over the step.
+
+    Raises:
+        ValueError: ``group`` chats cannot be split in the arm's ratio (e.g. 2 of 4 base Bs with 5 chats).
+    """
+    if (group * base_b_per_4) % 4:
+        raise ValueError(f"{group} chats per problem cannot give {base_b_per_4} of every 4 a base partner: "
+                         f"use a multiple of {4 // math.gcd(4, base_b_per_4)} chats per problem")
+    trained_b = group - group * base_b_per_4 // 4
+    return [(True, k % group < trained_b) for k in range(n_chats)]
 
 
 def is_uniform(rewards: Sequence[float]) -> bool:

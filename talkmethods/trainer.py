@@ -27,7 +27,7 @@ from trl import GRPOConfig, GRPOTrainer
 from transformers import TrainerCallback
 
 from talkmethods.atomic import atomic_path, write_json, write_text
-from talkmethods.credit import ARM_PLANS, CREDIT_RULES, draw_with_replays
+from talkmethods.credit import ARM_PLANS, CREDIT_RULES, draw_with_replays, seat_plan
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
 from talkmethods.rollout import Chat, PlainGenerator, Sampling, Turn, judge_by_gold, play_chats
 
@@ -203,6 +203,7 @@ class TalkTrainer(GRPOTrainer):
             raise ValueError("TalkTrainer needs steps_per_generation == gradient_accumulation_steps")
         self.arm = arm
         self.plan = ARM_PLANS[arm]
+        seat_plan(0, self.num_generations, self.plan.base_b_per_4)  # refuse a group size the arm's split does not fit
         self.credit_rule = CREDIT_RULES[arm]
         self.sampling = sampling
         self.ada_max_replays = ada_max_replays
@@ -223,9 +224,8 @@ class TalkTrainer(GRPOTrainer):
         return _replayable(super()._get_train_sampler(dataset))
 
     def _seats(self, n: int) -> list[tuple[bool, bool]]:
-        """A always trained; the last ``base_b_per_4`` of every 4 chats have a base B."""
-        per4 = self.plan.base_b_per_4
-        return [(True, (k % 4) < 4 - per4) for k in range(n)]
+        """A always trained; within each problem's chats, the arm's share has a base B (``credit.seat_plan``)."""
+        return seat_plan(n, self.num_generations, self.plan.base_b_per_4)
 
     def _draw_chats(self, problems: list[dict]) -> tuple[list[list[Chat]], dict]:
         if self._generator is None:  # one engine per run: its compiled graphs and buffers are reused

@@ -343,3 +343,28 @@ def test_ahead_and_round_by_round_agree_on_any_script(data, n, max_replays):
     script = {p: data.draw(st.lists(rounds, min_size=1 + max_replays, max_size=1 + max_replays)) for p in range(n)}
     by_round = draw_with_replays(QueueDraw(script), n, max_replays=max_replays, reward=chat_reward)
     assert draw_with_replays(QueueDraw(script), n, max_replays=max_replays, reward=chat_reward, ahead=True) == by_round
+
+
+def test_mixed_partners_are_chosen_within_each_problem():
+    """6 chats a problem: 3 base Bs in every problem (counting across problems gave 2, 4, 2)."""
+    from talkmethods.credit import seat_plan
+
+    plan = seat_plan(18, 6, 2)
+    for p in range(3):
+        group = plan[6 * p : 6 * p + 6]
+        assert [b for _, b in group] == [True, True, True, False, False, False]
+        assert all(a for a, _ in group)
+    assert seat_plan(8, 4, 2) == [(True, True), (True, True), (True, False), (True, False)] * 2
+    assert seat_plan(4, 4, 0) == [(True, True)] * 4
+    assert [b for _, b in seat_plan(8, 8, 2)] == [True] * 4 + [False] * 4  # a replay round of 8 likewise
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 5, 7])
+def test_a_group_the_mixed_split_does_not_fit_is_refused(group):
+    from talkmethods.credit import seat_plan
+
+    if group * 2 % 4:
+        with pytest.raises(ValueError, match="cannot give 2 of every 4 a base partner"):
+            seat_plan(group, group, 2)
+    else:
+        assert sum(not b for _, b in seat_plan(group, group, 2)) == group // 2
