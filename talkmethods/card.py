@@ -419,7 +419,17 @@ def _recipe_lines(recipe: dict) -> list[str]:
             lines.append(f"- {label}: {show(recipe[key])}")
             done.add(key)
     lines += [f"- {k}: {show(v)}" for k, v in recipe.items() if k not in done]
+    if recipe.get("loss_type") == "dapo":
+        lines.append(DAPO_NOTE)
     return lines
+
+
+# What TRL's dapo normaliser (the token sum divided by every scored token of the generation batch)
+# means for the arms' updates: a reader comparing step sizes across arms needs both facts.
+DAPO_NOTE = ("- Loss normalisation: `dapo` divides the token sum by every scored token of the step's batch, so "
+             "RAFT's unsolved chats (advantage 0) still count in the denominator and shrink its solved chats' "
+             "weight, and mixed, whose base-partner B turns are not trained (a quarter of its seat turns), "
+             "has ~25% fewer scored tokens a step than GRPO.")
 
 
 def _is_cpu(summary: dict, meta: dict) -> bool:

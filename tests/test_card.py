@@ -349,3 +349,13 @@ def test_offline_without_a_warm_start_does_not_claim_one(summary_and_root):
     summary, _ = summary_and_root
     first = render_card(summary, dict(META, offline=True, warmstart=None), summary["checks"]).splitlines()[0]
     assert first != OFFLINE_LINE and "warm-started" not in first and "say nothing about the methods" in first
+
+
+def test_recipe_states_what_dapo_normalisation_means_for_raft_and_mixed(summary_and_root):
+    summary, _ = summary_and_root
+    meta = dict(META, recipe={"loss_type": "dapo", "beta": 0.0})
+    recipe = _section(render_card(summary, meta, summary["checks"]), "Recipe")
+    assert "RAFT's unsolved chats (advantage 0) still count in the denominator" in recipe
+    assert "~25% fewer scored tokens" in recipe
+    other = _section(render_card(summary, dict(META, recipe={"loss_type": "grpo"}), summary["checks"]), "Recipe")
+    assert "denominator" not in other
