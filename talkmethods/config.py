@@ -69,6 +69,26 @@ def validate_config(config: dict) -> None:
         if not d or not os.path.isdir(d):
             raise ConfigError(f"config: data.local_dir = {d!r}: no such directory (needed by data.source: local)")
     _check_pool_sizes(data)
+    _check_sampling(config)
+
+
+def _check_sampling(config: dict) -> None:
+    """Sampling the engines and the trainer can honour exactly, or one line naming the key.
+
+    The trainer's log-probs (TRL's loss, and the rollout check beside it) are those of
+    softmax(logits / temperature): a rollout truncated by top-p or top-k, or reshaped by a repetition
+    penalty, would be trained as if drawn from a distribution it was not drawn from. The loop and
+    fast engines apply temperature, top-k and top-p only.
+    """
+    t = config["train"]
+    for key, plain in (("top_p", 1.0), ("top_k", 0), ("repetition_penalty", 1.0)):
+        if t.get(key, plain) != plain:
+            raise ConfigError(f"config: train.{key} = {t[key]!r} is not valid: the trainer scores rollouts under "
+                              f"softmax(logits / temperature) only; set train.{key}: {plain}")
+    e = config["eval"]
+    if e.get("repetition_penalty", 1.0) != 1.0 and e.get("engine", "fast") != "plain":
+        raise ConfigError(f"config: eval.repetition_penalty = {e['repetition_penalty']!r} is not valid with "
+                          f"eval.engine: {e.get('engine', 'fast')} (it applies no penalty); set it to 1.0 or eval.engine: plain")
 
 
 def _check_finite(node, path) -> None:
@@ -149,7 +169,9 @@ def train_params(config: dict, arm: str, seed: int, results: str = "results") ->
         "lr_schedule": t.get("lr_schedule", "constant"), "lora_r": t["lora_r"],
         "lora_alpha": t.get("lora_alpha", 2 * t["lora_r"]), "lora_dropout": t.get("lora_dropout", 0.0),
         "sampling": {"max_new_tokens": t["max_new_tokens"], "temperature": t.get("temperature", 1.0),
-                     "top_p": t.get("top_p", 1.0), "top_k": 0, "max_prompt_tokens": t.get("max_prompt_tokens", 2048)},
+                     "top_p": t.get("top_p", 1.0), "top_k": t.get("top_k", 0),
+                     "repetition_penalty": t.get("repetition_penalty", 1.0),
+                     "max_prompt_tokens": t.get("max_prompt_tokens", 2048)},
         "ada_max_replays": t.get("ada_max_replays", 3), "ada_draw_ahead": t.get("ada_draw_ahead", False),
         "pack_seats": t.get("pack_seats", True),
         "save_every": t.get("save_every", 10),
@@ -179,7 +201,8 @@ def eval_params(config: dict, results: str = "results") -> dict:
     return {
         "model": model_params(config, results), "precision": config["model"].get("precision", "auto"),
         "sampling": {"max_new_tokens": e["max_new_tokens"], "temperature": e["temperature"], "top_p": e["top_p"],
-                     "top_k": e.get("top_k", 0), "max_prompt_tokens": config["train"].get("max_prompt_tokens", 2048)},
+                     "top_k": e.get("top_k", 0), "repetition_penalty": e.get("repetition_penalty", 1.0),
+                     "max_prompt_tokens": config["train"].get("max_prompt_tokens", 2048)},
         "chats_per_problem": e["chats_per_problem"], "batch_chats": e.get("batch_chats", 600),
         "sample_dialogues": e.get("sample_dialogues", 4), "eval_seed": config["data"]["data_seed"],
         "engine": e.get("engine", "fast"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from talkmethods.rollout import BASE_ADAPTER, PlainGenerator, Sampling
+from talkmethods.rollout import BASE_ADAPTER, PlainGenerator, Sampling, refuse_repetition_penalty
 
 CDF_BLOCK = 128  # long rows are searched in blocks: the inverse CDF and the top-k (see below)
 
@@ -98,6 +98,7 @@ class LoopGenerator(PlainGenerator):
     """Batched decode loop over a KV cache; same interface and trimming as ``PlainGenerator``."""
 
     def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+        refuse_repetition_penalty(sampling, "loop")
         is_peft = hasattr(self.model, "disable_adapter")
         if not is_peft and any(adapter_on):
             raise ValueError("adapter requested but the model has no adapter")

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from talkmethods import decode_attention as da
 from talkmethods import decode_sampling as ds
 from talkmethods.engine import sample_with_logprob
-from talkmethods.rollout import PlainGenerator, Sampling
+from talkmethods.rollout import PlainGenerator, Sampling, refuse_repetition_penalty
 
 log = logging.getLogger(__name__)
 
@@ -592,6 +592,7 @@ class FastGenerator(PlainGenerator):
         """
         if not self.is_peft and any(adapter_on):
             raise ValueError("adapter requested but the model has no adapter")
+        refuse_repetition_penalty(sampling, "fast")
         outs: list = [None] * len(prompts)
         logps: list = [None] * len(prompts)
         # one batch per weight set (base-seat rows run on the base copy); with both, the two decode

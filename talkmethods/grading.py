@@ -27,6 +27,17 @@ Pinned rules:
       left side is letters only); ``3 + 4 = 7`` is unparsable (None).
     * Mixed numbers (``2\\frac{1}{2}``), powers, products and other expressions are
       unparsable (None); they never occur as GSM8K gold answers.
+    * Units after the number are ignored, the number is graded: ``18 km/h``,
+      ``18 \\text{ ft}^2``, ``18 cm^3``, ``18 \\mathrm{m^{-1}}``, ``18 m²``, ``18 N \\cdot m``,
+      ``18 \\text{ (dollars)}``, ``\\$18/\\text{hour}``. A unit is letter words, each with an
+      optional integer exponent, joined by spaces, ``.``, ``-``, ``/`` or ``\\cdot``, plus
+      parenthesised groups of those; it must start with a letter, ``(`` or ``/``. So an
+      exponent, slash or operator straight on the number stays arithmetic and unparsable:
+      ``18^2``, ``18 + 2``, ``18 - 3``, ``18 \\times 2``, ``18 \\cdot 2`` are None and
+      ``18/3`` is the fraction 6. A unit holding a digit other than an exponent is refused
+      (``18 \\text{ hours and } 30`` means 18.5 hours, not 18), and so is a unit where a lone
+      ``x``/``y``/``z``/``n`` carries a power or a slash (``18x^2``, ``18/x``: algebra).
+    * ``\\approx 18`` (or ``≈ 18``) is read as 18, and ``x \\approx 18`` like ``x = 18``.
 """
 
 from __future__ import annotations
@@ -62,15 +73,40 @@ _FRAC_DIGITS_RE = re.compile(r"\\[dt]?frac\s*([0-9])\s*([0-9])")
 # Left-hand side of "x = 18": letters, underscores, spaces only.
 _LHS_RE = re.compile(r"\s*[^\W\d]+(?:\s+[^\W\d]+)*\s*")
 
+# "\approx 18" hedges on precision, not on the answer: a leading sign is dropped, and
+# any other one reads as "=" so that "x \approx 18" follows the equation rule.
+_LEADING_APPROX_RE = re.compile(r"^\s*(?:\\approx(?![A-Za-z])|≈)")
+_APPROX_RE = re.compile(r"\\approx(?![A-Za-z])|≈")
+# "N \cdot m" is a compound unit; a middle dot is only ever allowed between unit words.
+_CDOT_RE = re.compile(r"\\cdot(?![A-Za-z])")
+
 _NUM = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]*)?|\.[0-9]+"
+# A unit (see the module docstring). Every piece is told apart from its neighbours by
+# its first character (a letter, "^", "(", or a separator), so no run of text can be
+# split two ways and matching stays linear. Braces are spaces by the time this runs,
+# so "m^{-1}" arrives as "m^ -1 ".
+_UNIT_WORD = r"[^\W\d_]+"
+_UNIT_EXP = r"\s*\^\s*(?:-\s*)?[0-9]+"  # only ever after a word, never on the number
+_UNIT_TERM = _UNIT_WORD + r"(?:" + _UNIT_EXP + r")?"
+_UNIT_SEP_CHARS = r"[\s.'’/·-]"
+_UNIT_TERMS = _UNIT_TERM + r"(?:" + _UNIT_SEP_CHARS + r"+" + _UNIT_TERM + r")*"
+_UNIT_PAREN = r"\(\s*" + _UNIT_TERMS + r"\s*\)"  # "(dollars)", "(km/h)"; one level
+_UNIT = (
+    r"(?:/\s*)?(?:" + _UNIT_TERM + r"|" + _UNIT_PAREN + r")"  # "18/hour", "18 km", "18 (kg)"
+    r"(?:" + _UNIT_SEP_CHARS + r"+" + _UNIT_TERM + r"|" + _UNIT_SEP_CHARS + r"*" + _UNIT_PAREN + r")*"
+)
 # Applied with fullmatch to a stripped string. Adjacent whitespace runs are never both
 # optional-and-unbounded, so matching stays linear even on adversarial input.
 _NUMBER_RE = re.compile(
     r"(?:(?P<sign>[+-])\s*)?(?P<num>" + _NUM + r")"
     r"(?:\s*/\s*(?:(?P<dsign>[+-])\s*)?(?P<den>" + _NUM + r"))?"
-    # Optional trailing unit words ("apples", "dollars", "percent", "cm"), no digits.
-    r"(?:\s*(?P<unit>[^\W\d_]+(?:[\s.'’-]+[^\W\d_]+)*))?[\s.]*"
+    # Optional trailing unit ("apples", "percent", "km/h", "ft^2", "(dollars)").
+    r"(?:\s*(?P<unit>" + _UNIT + r"))?[\s.]*"
 )
+_UNIT_WORD_RE = re.compile(_UNIT_WORD)
+# Lone letters that, under a power or a slash, are algebra rather than a unit.
+_ALGEBRA_VARIABLES = frozenset("xyzn")
+_SUPERSCRIPT_POWERS = "²³"
 
 _UNICODE_MINUSES = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 
@@ -115,6 +151,47 @@ def extract_boxed(text: str) -> str | None:
     return text[best[0] : best[1]]
 
 
+def _is_unit(unit: str) -> bool:
+    """Checks the unit that :data:`_NUMBER_RE` matched after a number.
+
+    The regex admits any letters, and Python counts ``²`` and ``½`` as letters, so the
+    numeric characters are vetted here: a superscript ``²``/``³`` may follow a letter
+    (``m²`` is a unit) but never the number itself (``18²`` is a power, ``18½`` a mixed
+    number). ASCII digits reach here only as regex-checked exponents on unit words.
+    Powers and slashes on a lone ``x``/``y``/``z``/``n`` are algebra (``18x^2``,
+    ``18/x``), not units.
+
+    Args:
+        unit: The matched unit text, e.g. ``"km/h"`` or ``"ft ^2"``.
+
+    Returns:
+        True when the number before it may be graded on its own.
+    """
+    previous = ""
+    for ch in unit:
+        if ch.isnumeric() and not ("0" <= ch <= "9"):
+            if ch not in _SUPERSCRIPT_POWERS or not previous.isalpha():
+                return False
+        previous = ch
+    if not any(op in unit for op in "^/" + _SUPERSCRIPT_POWERS):
+        return True
+    words = _UNIT_WORD_RE.findall(unit)
+    return not any(w.rstrip(_SUPERSCRIPT_POWERS) in _ALGEBRA_VARIABLES for w in words)
+
+
+def _resolve_approx(t: str) -> str:
+    """Drops a leading ``\\approx``/``≈`` and turns any other one into ``=``.
+
+    Args:
+        t: Partly normalised box content.
+
+    Returns:
+        ``t`` with approximation signs resolved.
+    """
+    t = _LEADING_APPROX_RE.sub("", t, count=1)
+    return _APPROX_RE.sub("=", t)
+
+
 def _plain_number(num: str) -> float:
     """Converts a regex-validated numeric literal like ``1,000.50`` to float."""
     return float(num.replace(",", ""))
@@ -126,7 +203,7 @@ def parse_number(s: str) -> float | None:
     Accepts e.g. ``18``, `` 18.0 ``, ``{18}``, ``-5``, ``−5`` (unicode minus),
     ``1,000``, ``1{,}000``, ``1\\,000``, ``\\$18``, ``$18``, ``50\\%``, ``50%``, ``\\frac{3}{4}``,
     ``\\dfrac{3}{4}``, ``-\\frac{3}{4}``, ``3/4``, ``18 apples``, ``\\text{18 dollars}``,
-    ``18 \\text{ apples}``, ``x = 18``. A percentage is read as its number (``50%`` is
+    ``18 \\text{ apples}``, ``18 km/h``, ``18 \\text{ ft}^2``, ``\\approx 18``, ``x = 18``. A percentage is read as its number (``50%`` is
     50), matching how GSM8K writes gold answers.
 
     Args:
@@ -150,14 +227,16 @@ def parse_number(s: str) -> float | None:
         t = _FRAC_BRACED_RE.sub(r" \1/\2 ", t)
         t = _FRAC_DIGITS_RE.sub(r" \1/\2 ", t)
         t = t.replace("{", " ").replace("}", " ")
+        t = _CDOT_RE.sub(" · ", t)
+        t = _resolve_approx(t)
         if "=" in t:
             lhs, _, rhs = t.partition("=")
             if "=" in rhs or not _LHS_RE.fullmatch(lhs):
                 return None
             t = rhs
         m = _NUMBER_RE.fullmatch(t.strip())
-        if m is None or (m["unit"] and any(ch.isnumeric() for ch in m["unit"])):
-            return None  # no number, or a "unit" such as ² or ½ that is really numeric
+        if m is None or (m["unit"] and not _is_unit(m["unit"])):
+            return None  # no number, or a "unit" such as ², ½ or x^2 that is really numeric
         value = _plain_number(m["num"])
         if m["sign"] == "-":
             value = -value

@@ -36,6 +36,14 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     max_prompt_tokens: int = 2048
+    repetition_penalty: float = 1.0  # 1.0 = none; only the plain engine applies another value
+
+
+def refuse_repetition_penalty(sampling: Sampling, engine: str) -> None:
+    """The loop and fast engines sample from softmax(logits / T) with top-k/top-p only: refuse a penalty they would drop."""
+    if sampling.repetition_penalty != 1.0:
+        raise ValueError(f"the {engine} engine applies no repetition penalty (got {sampling.repetition_penalty}): "
+                         "set it to 1.0, or use the plain engine")
 
 
 @dataclass
@@ -112,9 +120,13 @@ class PlainGenerator:
     def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
         ids, mask = self.left_pad(prompts)
         width = ids.size(1)
+        # Every knob explicit: generate() would otherwise take what the checkpoint's generation_config
+        # sets (Qwen2.5-Instruct ships repetition_penalty 1.05), and sample from another distribution than
+        # the one configured, the other engines use and the trainer scores.
         kwargs = dict(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
             do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            repetition_penalty=sampling.repetition_penalty, min_p=None, typical_p=1.0, no_repeat_ngram_size=0,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
         )
         is_peft = hasattr(self.model, "disable_adapter")

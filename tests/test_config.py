@@ -53,6 +53,9 @@ BAD = {
     "warmstart-heads": ("model: {warmstart: {heads: 3}}", "model.warmstart", ["multiple of heads"]),
     "warmstart-slip-rate": ("model: {warmstart: {slip_rate: 1.5}}", "model.warmstart.slip_rate", ["maximum 1"]),
     "unknown-world": ("data: {world: chess}", "data.world", ["allowed: count, templates"]),
+    "train-top-p": ("train: {top_p: 0.9}", "train.top_p", ["softmax(logits / temperature)", "train.top_p: 1.0"]),
+    "train-rep-penalty": ("train: {repetition_penalty: 1.05}", "train.repetition_penalty", ["softmax(logits / temperature)"]),
+    "eval-rep-penalty-fast": ("eval: {repetition_penalty: 1.05}", "eval.repetition_penalty", ["eval.engine: plain"]),
 }
 
 

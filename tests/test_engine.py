@@ -115,3 +115,37 @@ def test_top_k_through_blocks_is_torch_topk(width):
         want_v, want_i = torch.topk(x, k, dim=-1)
         got_v, got_i = top_k_of(x, k)
         assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i)
+
+
+def test_plain_samples_as_configured_not_as_the_checkpoint_says(peft_model, qwen_tokenizer):
+    """A hub checkpoint's generation_config (Qwen2.5-Instruct: repetition_penalty 1.05, top_k 20) must not
+    leak into sampling: with the configured knobs and the same seed, plain generate gives the tokens it
+    gives for a checkpoint with no such defaults."""
+    prompts = _prompts(qwen_tokenizer)
+    sampling = Sampling(max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0)
+    gen = PlainGenerator(peft_model, qwen_tokenizer)
+    torch.manual_seed(3)
+    clean = gen.generate(prompts, [True] * 6, sampling)
+    saved = peft_model.generation_config
+    try:
+        peft_model.generation_config = type(saved)(**{**saved.to_dict(), "repetition_penalty": 1.5, "top_k": 2,
+                                                       "min_p": 0.5, "no_repeat_ngram_size": 1})
+        torch.manual_seed(3)
+        assert gen.generate(prompts, [True] * 6, sampling) == clean
+        # the control that this test can fail: left to the checkpoint's defaults, generate samples otherwise
+        ids, mask = gen.left_pad(prompts)
+        torch.manual_seed(3)
+        leaked = peft_model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=12,
+                                     temperature=1.0, top_p=1.0, eos_token_id=gen.eos_ids, pad_token_id=gen.pad_id)
+        assert gen._trim(leaked[:, ids.size(1):]) != clean
+    finally:
+        peft_model.generation_config = saved
+
+
+@pytest.mark.parametrize("engine", ["loop", "fast"])
+def test_engines_without_a_repetition_penalty_refuse_one(peft_model, qwen_tokenizer, engine):
+    from talkmethods.engine import ENGINES
+
+    gen = ENGINES[engine](peft_model, qwen_tokenizer)
+    with pytest.raises(ValueError, match=f"the {engine} engine applies no repetition penalty"):
+        gen.generate(_prompts(qwen_tokenizer, 2), [True, True], Sampling(max_new_tokens=2, repetition_penalty=1.05))

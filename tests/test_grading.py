@@ -84,6 +84,46 @@ TRICKY_CASES = [
     pytest.param(r"\boxed{x = 18}", 18, True, id="variable-equals"),
     pytest.param(r"\boxed{3 + 4 = 7}", 7, False, id="expression-equals"),
     pytest.param(r"\boxed{2^{10}}", 1024, False, id="power-not-evaluated"),
+    # Units after the number: the number is graded (issue 17, item 5).
+    pytest.param(r"\boxed{18 km/h}", 18, True, id="unit-slash"),
+    pytest.param(r"\boxed{18 \text{ dollars/week}}", 18, True, id="unit-text-slash"),
+    pytest.param(r"\boxed{18 \text{ ft}^2}", 18, True, id="unit-text-exponent"),
+    pytest.param(r"\boxed{18 cm^3}", 18, True, id="unit-plain-exponent"),
+    pytest.param(r"\boxed{\approx 18}", 18, True, id="approx"),
+    pytest.param(r"\boxed{\approx 18}", 19, False, id="approx-wrong-value"),
+    pytest.param(r"\boxed{x \approx 18}", 18, True, id="variable-approx"),
+    pytest.param(r"\boxed{18 \text{ (dollars)}}", 18, True, id="unit-parenthesised"),
+    pytest.param(r"\boxed{18 (km/h)}", 18, True, id="unit-parenthesised-slash"),
+    pytest.param(r"\boxed{18 \mathrm{m^2}}", 18, True, id="unit-mathrm-exponent"),
+    pytest.param(r"\boxed{18 \mathrm{m^{-1}}}", 18, True, id="unit-negative-exponent"),
+    pytest.param(r"\boxed{18\,\text{kg}}", 18, True, id="unit-thin-space"),
+    pytest.param(r"\boxed{18 m/s^2}", 18, True, id="unit-slash-exponent"),
+    pytest.param(r"\boxed{18 \text{ sq ft}}", 18, True, id="unit-two-words"),
+    pytest.param(r"\boxed{18 lbs.}", 18, True, id="unit-abbreviation-period"),
+    pytest.param(r"\boxed{18 \text{cm}^{3}}", 18, True, id="unit-braced-exponent"),
+    pytest.param(r"\boxed{\$18 \text{ per hour}}", 18, True, id="unit-dollar-per-hour"),
+    pytest.param(r"\boxed{\$18/\text{hour}}", 18, True, id="unit-slash-on-number"),
+    pytest.param(r"\boxed{18 \text{ km}/\text{h}}", 18, True, id="unit-split-text"),
+    pytest.param(r"\boxed{18 \mathrm{N \cdot m}}", 18, True, id="unit-cdot"),
+    pytest.param("\\boxed{18 m\u00b2}", 18, True, id="unit-superscript-two"),
+    pytest.param(r"\boxed{18 km/h}", 19, False, id="unit-wrong-value"),
+    # ... but arithmetic, algebra and two numbers stay wrong.
+    pytest.param(r"\boxed{18 \text{ hours and } 30}", 18, False, id="unit-then-number"),
+    pytest.param(r"\boxed{18 + 2}", 18, False, id="sum-not-unit"),
+    pytest.param(r"\boxed{18 - 3}", 18, False, id="difference-not-unit"),
+    pytest.param(r"\boxed{18^2}", 18, False, id="power-on-number"),
+    pytest.param(r"\boxed{18 ^2}", 18, False, id="spaced-power-on-number"),
+    pytest.param(r"\boxed{18 \text{ }^2}", 18, False, id="power-on-empty-text"),
+    pytest.param("\\boxed{18\u00b2}", 18, False, id="superscript-on-number"),
+    pytest.param(r"\boxed{18/3}", 18, False, id="fraction-not-unit"),
+    pytest.param(r"\boxed{18 \times 2}", 18, False, id="product-not-unit"),
+    pytest.param(r"\boxed{18 \cdot 2}", 18, False, id="cdot-product-not-unit"),
+    pytest.param(r"\boxed{18 km / 3}", 18, False, id="unit-over-number"),
+    pytest.param(r"\boxed{18 m^2 3}", 18, False, id="number-after-unit-power"),
+    pytest.param(r"\boxed{18x^2}", 18, False, id="algebra-power"),
+    pytest.param(r"\boxed{18/x}", 18, False, id="algebra-slash"),
+    pytest.param(r"\boxed{18 (19)}", 18, False, id="parenthesised-number"),
+    pytest.param(r"\boxed{18 \approx 18}", 18, False, id="number-approx-number"),
     # Tolerance and bad golds.
     pytest.param(r"\boxed{18.0000001}", 18, True, id="within-tolerance"),
     pytest.param(r"\boxed{18.01}", 18, False, id="outside-tolerance"),
@@ -193,6 +233,21 @@ def test_extract_boxed_deep_nesting() -> None:
         (r"\text{total} = \$18", 18.0),
         (r"90^{\circ}", 90.0),
         ("-0", 0.0),
+        ("18 km/h", 18.0),
+        ("18 km / h", 18.0),
+        ("18/h", 18.0),
+        (r"18 \text{ ft}^2", 18.0),
+        ("18 m^{-2}", 18.0),
+        ("18 kg m/s^2", 18.0),
+        (r"18 kg \cdot m/s^2", 18.0),
+        ("18 sq. ft.", 18.0),
+        ("18 (dollars)", 18.0),
+        ("18 (in dollars) per week", 18.0),
+        ("18 N/m", 18.0),  # capital N is newtons, not a variable
+        ("\u224818", 18.0),  # ≈
+        (r"\approx \$18", 18.0),
+        (r"\frac{3}{4} cup/day", 0.75),
+        ("3/4 km/h", 0.75),
     ],
 )
 def test_parse_number_accepts(text: str, expected: float) -> None:
@@ -237,6 +292,25 @@ def test_parse_number_accepts(text: str, expected: float) -> None:
         "--5",
         "1_000",  # Python's float() would accept this; we do not
         "٣",  # non-ASCII digits are not numbers here
+        "18^2",
+        "18^{2}",
+        "18 + 2",
+        "18 * 2",
+        "18 \u00b7 2",
+        "18 km^",
+        "18 km/",
+        "18 (km",
+        "18 ()",
+        "18 ((km))",  # one level of parentheses only
+        "18 x/y",
+        "18 x\u00b2",
+        "18 \u00b2",
+        "18 m\u00b2\u00b3",
+        "18 m^2.5",
+        r"\approx",
+        r"\approx\approx 18",
+        r"18 \approx",
+        r"\approxeq 18",
     ],
 )
 def test_parse_number_rejects(text: str) -> None:
@@ -339,6 +413,14 @@ def _timed_grade(message: str, gold: float | str) -> tuple[bool, float]:
         pytest.param(r"\boxed{" + "x " * 50_000 + "= 18}", 18, True, id="100kB-equation-lhs"),
         pytest.param(r"\boxed{" + "^ " * 50_000 + "}", 18, False, id="100kB-carets"),
         pytest.param(r"\boxed{\frac{a}{" + "b" * 100_000 + "}", 18, False, id="100kB-frac-arg"),
+        pytest.param(r"\boxed{18 " + "km/" * 33_000 + "#}", 18, False, id="100kB-unit-slashes"),
+        pytest.param(r"\boxed{18 a^" + " " * 100_000 + "#}", 18, False, id="100kB-exponent-spaces"),
+        pytest.param(r"\boxed{18 a" + " (a" * 33_000 + "#}", 18, False, id="100kB-unclosed-parens"),
+        pytest.param(r"\boxed{18 (" + "a " * 50_000 + "#}", 18, False, id="100kB-paren-words"),
+        pytest.param(r"\boxed{18 a" + r"\cdot " * 16_000 + "#}", 18, False, id="100kB-cdots"),
+        pytest.param(r"\boxed{" + r"\approx " * 12_000 + "18}", 18, False, id="100kB-approx"),
+        pytest.param(r"\boxed{18 " + "m^2 " * 25_000 + "}", 18, True, id="100kB-unit-powers"),
+        pytest.param(r"\boxed{18 " + "(km) " * 20_000 + "}", 18, True, id="100kB-unit-parens"),
     ],
 )
 def test_pathological_inputs_are_bounded(message: str, gold: float, expected: bool) -> None:
@@ -384,6 +466,18 @@ FRAGMENTS = [
     "nan",
     "inf",
     "e",
+    "km",
+    "m",
+    "x",
+    "^2",
+    "^{",
+    "(",
+    ")",
+    r"\approx",
+    r"\cdot",
+    r"\mathrm{",
+    "\u00b2",
+    "+",
 ]
 
 fragment_soup = st.lists(st.sampled_from(FRAGMENTS), max_size=60).map("".join)
@@ -483,3 +577,33 @@ def test_boxed_comma_formatted_integer_matches(n: int) -> None:
     formatted = f"{n:,}"
     assert grade_answer(f"... \\boxed{{{formatted}}}", n) is True
     assert grade_answer(f"The total is \\boxed{{\\${formatted}}}.", f"{n:,}") is True
+
+
+UNIT_SUFFIXES = [
+    "km/h",
+    r"\text{ dollars/week}",
+    r"\text{ ft}^2",
+    "cm^3",
+    r"\mathrm{m^{-1}}",
+    r"\,\text{kg}",
+    r"\text{ (dollars)}",
+    "m/s^2",
+    "lbs.",
+    r"N \cdot m",
+]
+ARITHMETIC_SUFFIXES = ["+ 2", "- 3", "^2", "^{2}", r"\times 2", r"\cdot 2", "km / 3", "x^2", "km 30"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=integers, unit=st.sampled_from(UNIT_SUFFIXES))
+def test_unit_after_number_grades_the_number(n: int, unit: str) -> None:
+    assert grade_answer(f"\\boxed{{{n} {unit}}}", n) is True
+    assert grade_answer(f"\\boxed{{\\approx {n} {unit}}}", n) is True
+    assert grade_answer(f"\\boxed{{{n} {unit}}}", n + 1) is False
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=integers, tail=st.sampled_from(ARITHMETIC_SUFFIXES))
+def test_arithmetic_after_number_is_never_the_number(n: int, tail: str) -> None:
+    assert grade_answer(f"\\boxed{{{n} {tail}}}", n) is False
+    assert grade_answer(f"\\boxed{{{n}{tail}}}", n) is False
