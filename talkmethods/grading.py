@@ -93,7 +93,8 @@ _UNIT_TERMS = _UNIT_TERM + r"(?:" + _UNIT_SEP_CHARS + r"+" + _UNIT_TERM + r")*"
 _UNIT_PAREN = r"\(\s*" + _UNIT_TERMS + r"\s*\)"  # "(dollars)", "(km/h)"; one level
 _UNIT = (
     r"(?:/\s*)?(?:" + _UNIT_TERM + r"|" + _UNIT_PAREN + r")"  # "18/hour", "18 km", "18 (kg)"
-    r"(?:" + _UNIT_SEP_CHARS + r"+" + _UNIT_TERM + r"|" + _UNIT_SEP_CHARS + r"*" + _UNIT_PAREN + r")*"
+    + r"(?:" + _UNIT_SEP_CHARS + r"+" + _UNIT_TERM
+    + r"|" + _UNIT_SEP_CHARS + r"*" + _UNIT_PAREN + r")*"
 )
 # Applied with fullmatch to a stripped string. Adjacent whitespace runs are never both
 # optional-and-unbounded, so matching stays linear even on adversarial input.
@@ -203,8 +204,9 @@ def parse_number(s: str) -> float | None:
     Accepts e.g. ``18``, `` 18.0 ``, ``{18}``, ``-5``, ``−5`` (unicode minus),
     ``1,000``, ``1{,}000``, ``1\\,000``, ``\\$18``, ``$18``, ``50\\%``, ``50%``, ``\\frac{3}{4}``,
     ``\\dfrac{3}{4}``, ``-\\frac{3}{4}``, ``3/4``, ``18 apples``, ``\\text{18 dollars}``,
-    ``18 \\text{ apples}``, ``18 km/h``, ``18 \\text{ ft}^2``, ``\\approx 18``, ``x = 18``. A percentage is read as its number (``50%`` is
-    50), matching how GSM8K writes gold answers.
+    ``18 \\text{ apples}``, ``18 km/h``, ``18 \\text{ ft}^2``, ``\\approx 18``, ``x = 18``.
+    A percentage is read as its number (``50%`` is 50), matching how GSM8K writes gold
+    answers.
 
     Args:
         s: The content of a box (or a gold answer string).

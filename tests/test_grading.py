@@ -591,7 +591,10 @@ UNIT_SUFFIXES = [
     "lbs.",
     r"N \cdot m",
 ]
-ARITHMETIC_SUFFIXES = ["+ 2", "- 3", "^2", "^{2}", r"\times 2", r"\cdot 2", "km / 3", "x^2", "km 30"]
+# "km / 3", not "/ 3 km": 0 / 3 is 0, so that tail would grade right against gold 0.
+ARITHMETIC_SUFFIXES = [
+    "+ 2", "- 3", "^2", "^{2}", r"\times 2", r"\cdot 2", "km / 3", "x^2", "km 30"
+]
 
 
 @settings(max_examples=100, deadline=None)
