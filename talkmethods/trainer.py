@@ -215,7 +215,7 @@ class TalkTrainer(GRPOTrainer):
         self._generator = None
         self._rollout_logps = None  # the micro-batch's rollout log-probs, while its loss is computed
         self._scored = None  # and which of its completion tokens are the seat's own (tool_mask)
-        self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
+        self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
         self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
         self.lora_layers_fused = fuse_lora_adds(self.model)
 
@@ -318,12 +318,16 @@ class TalkTrainer(GRPOTrainer):
             valid = attention_mask[:, -logits_to_keep:].bool()
             if self._scored is not None:  # not the partner's reply inside a packed row
                 valid &= self._scored.bool()
-            diff = (out[0].detach().float() - rollout)[valid].abs()
+            delta = (out[0].detach().float() - rollout)[valid]  # log p_trainer - log p_rollout per sampled token
+            diff = delta.abs()
             if diff.numel():
                 d = self._logp_diff
                 d["max"] = max(d["max"], diff.max().item() if bool(diff.isfinite().all()) else math.inf)
                 d["sum"] += diff.sum().item()
                 d["n"] += diff.numel()
+                # KL(rollout || trainer) from the rollout's own samples, Schulman's k3 estimator
+                # (r - 1) - log r with r = p_trainer / p_rollout: unbiased and never negative.
+                d["kl"] += (torch.expm1(delta) - delta).sum().item()
         return out
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -331,13 +335,14 @@ class TalkTrainer(GRPOTrainer):
         if d["n"] and "loss" in logs:  # a training step's log: report its max/mean, then start afresh
             self._metrics["train"]["talk/logp_diff_max"] = [d["max"]]
             self._metrics["train"]["talk/logp_diff_mean"] = [d["sum"] / d["n"]]
+            self._metrics["train"]["talk/logp_kl"] = [d["kl"] / d["n"]]
             if not math.isfinite(d["max"]):
                 raise FloatingPointError("non-finite log-probs in the rollout or the loss: the adapter holds NaN/inf "
                                          "(a NaN gradient; see CUDNN_NAN_WIDTH); stopping rather than training on noise")
             if d["max"] > LOGP_TOLERANCE:
                 log.warning("rollout and trainer log-probs differ by up to %.3f nats (tolerance %.2f): the rollout "
                             "engine may be sampling from other weights than the ones being trained", d["max"], LOGP_TOLERANCE)
-            self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0}
+            self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
         super().log(logs, start_time)
 
 
@@ -540,7 +545,7 @@ class StepLog(TrainerCallback):
         "entropy": "entropy", "loss": "loss", "grad_norm": "grad_norm",
         "talk/rows": "rows", "talk/loss_rows": "loss_rows",
         "talk/longest_prompt": "longest_prompt", "timing/gen_s": "gen_s",
-        "talk/logp_diff_max": "logp_diff_max", "talk/logp_diff_mean": "logp_diff_mean",
+        "talk/logp_diff_max": "logp_diff_max", "talk/logp_diff_mean": "logp_diff_mean", "talk/logp_kl": "logp_kl",
         "talk/loss_tokens": "loss_tokens", "talk/loss_tokens_padded": "loss_tokens_padded",
     }
 

@@ -450,11 +450,13 @@ def test_rollout_and_trainer_logprobs_agree_and_the_check_catches_stale_weights(
     assert [row["step"] for row in logs] == [1, 2]
     for row in logs:  # float32 on a CPU: the two paths agree to rounding
         assert 0 <= row["logp_diff_max"] < 1e-4 and row["logp_diff_mean"] <= row["logp_diff_max"]
+        assert 0 <= row["logp_kl"] < 1e-8  # KL(rollout || trainer), k3 estimate: zero up to rounding
     packed = _fast_run(tmp_path / "packed", stale=False, pack=True)  # the partner's reply inside a row is not compared
     assert all(0 <= row["logp_diff_max"] < 1e-4 for row in packed) and packed[0]["loss_rows"] < packed[0]["rows"]
     stale = _fast_run(tmp_path / "stale", stale=True)
     assert stale[0]["logp_diff_max"] < 1e-4, "before the first update the copies are equal"
     assert stale[1]["logp_diff_max"] > 1e-2, "after it, sampling from stale weights shows in the check"
+    assert stale[1]["logp_kl"] > 1e3 * max(row["logp_kl"] for row in logs), "and in the KL estimate"
 
 
 def test_empty_filler_rows_are_dropped_before_grouping():
