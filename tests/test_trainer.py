@@ -457,6 +457,9 @@ def test_rollout_and_trainer_logprobs_agree_and_the_check_catches_stale_weights(
     assert stale[0]["logp_diff_max"] < 1e-4, "before the first update the copies are equal"
     assert stale[1]["logp_diff_max"] > 1e-2, "after it, sampling from stale weights shows in the check"
     assert stale[1]["logp_kl"] > 1e3 * max(row["logp_kl"] for row in logs), "and in the KL estimate"
+    from talkmethods.trainer import KL_TOLERANCE
+
+    assert max(row["logp_kl"] for row in logs + packed) < KL_TOLERANCE < stale[1]["logp_kl"], stale[1]["logp_kl"]
 
 
 def test_empty_filler_rows_are_dropped_before_grouping():
