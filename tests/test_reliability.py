@@ -480,7 +480,7 @@ def test_card_and_curve_pngs_keep_the_old_file_when_drawing_fails(tmp_path, monk
     png.write_bytes(b"old png")
     md.write_text("old card")
 
-    def half_plot(summary, path, offline=False):
+    def half_plot(summary, path, offline=False, title=None):
         Path(path).write_bytes(b"\x89PNG half")
         raise Midway
 
