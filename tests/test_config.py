@@ -124,7 +124,7 @@ def test_more_train_problems_than_eligible_ones_fails_in_the_split(tmp_path):
     with pytest.raises(DataError) as err:
         split_stage(split_params(cfg), out / "train.jsonl", out / "heldout.jsonl", out / "split_stats.json")
     assert str(err.value) == ("n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible "
-                              "(two or more fact sentences); lower n_train or use more data")
+                              "(a sentence that asks, two or more fact sentences); lower n_train or use more data")
     assert not out.exists()  # nothing half-written
 
 
@@ -159,8 +159,8 @@ def test_cli_split_on_broken_local_jsonl_and_on_too_few_eligible(tmp_path):
     line = _one_error_line(out["broken"][1])
     assert line.startswith(f"error: {broken / 'train.jsonl'}, line 3: broken JSON (")
     assert _one_error_line(out["few"][1]) == (
-        "error: n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible (two or more fact "
-        "sentences); lower n_train or use more data")
+        "error: n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible (a sentence that asks, "
+        "two or more fact sentences); lower n_train or use more data")
 
 
 def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch, capsys):
@@ -245,8 +245,8 @@ def test_snakemake_refuses_each_bad_config_before_any_job(tmp_path):
     assert "Traceback" not in log
     assert "ERROR talkmethods: error: n_train = 5 requested" in log, log
     assert _one_error_line(stderr) == (
-        "error: n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible (two or more fact "
-        "sentences); lower n_train or use more data")
+        "error: n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible (a sentence that asks, "
+        "two or more fact sentences); lower n_train or use more data")
     assert not (few / "results/data/train.jsonl").exists()
 
 
