@@ -98,31 +98,33 @@ def offline_qwen_tokenizer():
     return tok
 
 
-def tiny_qwen2(spec: ModelSpec, dtype: torch.dtype = torch.float32):
-    """A small Qwen2ForCausalLM with Qwen2.5's vocabulary and seeded random weights."""
+def small_qwen2(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+                seed: int, end_id: int = 151645, pad_id: int = 151643, dtype: torch.dtype = torch.float32):
+    """A Qwen2ForCausalLM built from config with seeded random weights (tied embeddings, Qwen2.5's RoPE and norm).
+
+    ``end_id`` is ``<|im_end|>`` and ``pad_id`` ``<|endoftext|>`` in the model's tokenizer; generation
+    stops on either. The global RNG is left as it was: the same weights in every process, whatever
+    the training seed.
+    """
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=QWEN25_VOCAB,
-        hidden_size=spec.tiny_hidden,
-        intermediate_size=4 * spec.tiny_hidden,
-        num_hidden_layers=spec.tiny_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-        bos_token_id=151643,
-        eos_token_id=151645,
-        pad_token_id=151643,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096, rope_theta=1e6,
+        tie_word_embeddings=True, rms_norm_eps=1e-6, bos_token_id=pad_id, eos_token_id=end_id, pad_token_id=pad_id,
     )
     cpu_rng = torch.random.get_rng_state()
-    torch.manual_seed(spec.init_seed)  # same weights in every process, whatever the training seed
+    torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).to(dtype)
     torch.random.set_rng_state(cpu_rng)
-    model.generation_config = GenerationConfig(eos_token_id=[151645, 151643], pad_token_id=151643)
+    model.generation_config = GenerationConfig(eos_token_id=[end_id, pad_id], pad_token_id=pad_id)
     return model
+
+
+def tiny_qwen2(spec: ModelSpec, dtype: torch.dtype = torch.float32):
+    """A small Qwen2ForCausalLM with Qwen2.5's vocabulary and seeded random weights."""
+    return small_qwen2(QWEN25_VOCAB, spec.tiny_hidden, spec.tiny_layers, 4, 2, 4 * spec.tiny_hidden, spec.init_seed,
+                       dtype=dtype)
 
 
 def qwen25_1p5b_config():

@@ -114,25 +114,11 @@ def world_tokenizer(cfg: WarmStartConfig, problems: list[dict]):
 
 def build_model(cfg: WarmStartConfig, tokenizer):
     """A fresh Qwen2ForCausalLM sized by ``cfg`` for ``tokenizer`` (seeded weights, float32)."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from talkmethods.models import QWEN25_VOCAB, small_qwen2
 
-    from talkmethods.models import QWEN25_VOCAB
-
-    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in ("<|endoftext|>", "<|im_end|>")}
-    config = Qwen2Config(
-        vocab_size=QWEN25_VOCAB if cfg.vocab == "full" else len(tokenizer),
-        hidden_size=cfg.hidden, intermediate_size=cfg.intermediate, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, max_position_embeddings=4096,
-        rope_theta=1e6, tie_word_embeddings=True, rms_norm_eps=1e-6,
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-    )
-    cpu_rng = torch.random.get_rng_state()
-    torch.manual_seed(cfg.seed)
-    model = Qwen2ForCausalLM(config)
-    torch.random.set_rng_state(cpu_rng)
-    model.generation_config = GenerationConfig(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
-                                               pad_token_id=ids["<|endoftext|>"])
-    return model
+    return small_qwen2(QWEN25_VOCAB if cfg.vocab == "full" else len(tokenizer), cfg.hidden, cfg.layers, cfg.heads,
+                       cfg.kv_heads, cfg.intermediate, cfg.seed, end_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                       pad_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"))
 
 
 def warm_start(cfg: WarmStartConfig, problems: list[dict], out_dir: str | Path) -> dict:
