@@ -4,6 +4,9 @@ Builds the Qwen2.5-1.5B architecture with random weights (no download) and, in o
 
 1. **guard**: fp32 greedy tokens of the fast engine (compiled, CUDA graphs, merged weights) against
    ``generate`` on the PEFT model with a non-zero adapter, adapter and base rows in one call;
+   **fold**: the engine's real fused weights carry the adapter as PEFT's own bf16 forward does
+   (B set to k Adam-sized steps, k = 1, 5, 20; share of the fp32 adapter effect on the logits and
+   cosine); the bench fails if the engine is more than 0.05 below PEFT on either;
 2. **decode**: ms per decode step and tokens/s at batch 32 and 600, fixed turn length, for the fast
    engine and the baseline (plain eager ``generate`` with the unmerged adapter) on the same prompts;
 3. **arms**: a few real training steps of every arm (TalkTrainer, fast engine): generation and
@@ -34,6 +37,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -118,6 +122,92 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
     del model, fast
     _free()
     return out
+
+
+FOLD_STEPS = (1, 5, 20)
+FOLD_DRAWS = 3  # random-sign B draws per k: one draw's share moves by a few hundredths
+FOLD_SLACK = 0.05  # the engine may trail PEFT's bf16 forward by this much (mean share or cosine) before the bench fails
+
+
+def _effect(delta: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """Share of ``ref`` that ``delta`` carries (its projection on ``ref``) and their cosine."""
+    delta, ref = delta.double().flatten(), ref.double().flatten()
+    return (delta @ ref / (ref @ ref)).item(), F.cosine_similarity(delta, ref, dim=0).item()
+
+
+def fold(spec: ModelSpec, tokenizer, device, args) -> dict:
+    """Does the rollout carry the adapter as the trainer does? The fast engine folds ``B @ A`` into
+    bf16 weights, so a change below half a bf16 step of a weight rounds away; PEFT's unmerged bf16
+    forward loses a similar share to its own rounding. With ``B`` set to k Adam-sized steps of the
+    recipe's lr (every entry ``k · lr`` in size, random sign), compare the change the adapter makes to
+    the last-position logits of a batch of prompts against the fp32 PEFT model's change: the engine's
+    fused weights (``FusedWeights``, the tensors its graphs read, through the engine's own prefill
+    maths), PEFT's bf16 forward, and the trainer's (``fuse_lora_adds`` under bf16 autocast). Means over
+    ``FOLD_DRAWS`` draws of B; fails when the engine trails PEFT by more than ``FOLD_SLACK``.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    from talkmethods.fastdecode import prefill_math
+    from talkmethods.trainer import LORA_TARGETS, fuse_lora_adds
+
+    lr = 1e-4
+    ref_model = load_model(spec, torch.float32, device)
+    bf_model = load_model(spec, torch.bfloat16, device)
+    bf_model.load_state_dict(ref_model.state_dict())  # the same weights, rounded to bf16
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules=list(LORA_TARGETS))
+    torch.manual_seed(0)
+    ref_model = get_peft_model(ref_model, lora).eval()
+    bf_model = get_peft_model(bf_model, lora).eval()
+    bf_model.load_state_dict(ref_model.state_dict())  # the same A (and B, set below) in both
+    fast = FastGenerator(bf_model, tokenizer, graphs=False, compile=False)
+    ids = torch.tensor(_prompts(tokenizer, 16, 64, seed=2), device=device)
+    mask = torch.ones_like(ids)
+    names = [n for n, _ in ref_model.named_parameters() if "lora_B" in n]
+
+    def logits(model, adapter: bool, trainer: bool = False) -> torch.Tensor:
+        ctx = torch.autocast(device.type if hasattr(device, "type") else str(device), torch.bfloat16) if trainer else nullcontext()
+        with torch.no_grad(), ctx, (nullcontext() if adapter else model.disable_adapter()):
+            return model(ids).logits[:, -1].float()
+
+    def engine(adapter: bool) -> torch.Tensor:
+        w = fast.weights[adapter]
+        with torch.no_grad():
+            return prefill_math(w.tensors, w.inv_freq, ids, mask, fast.arch, w.rope_scale)[0].float()
+
+    paths = ("peft", "trainer", "engine")
+    rows = []
+    for k in FOLD_STEPS:
+        got = {p: [] for p in paths}
+        for draw in range(FOLD_DRAWS):
+            g = torch.Generator().manual_seed(1000 * draw + k)
+            signs = {n: torch.randn(p.shape, generator=g).sign() for n, p in ref_model.named_parameters() if n in names}
+            with torch.no_grad():
+                for model in (ref_model, bf_model):
+                    for n, p in model.named_parameters():
+                        if n in signs:
+                            p.copy_((signs[n] * k * lr).to(p.device, p.dtype))
+            fast.sync_weights()
+            ref = logits(ref_model, True) - logits(ref_model, False)
+            got["peft"].append(_effect(logits(bf_model, True) - logits(bf_model, False), ref))
+            patched = [m for m in bf_model.modules() if "forward" not in vars(m)]
+            fuse_lora_adds(bf_model)
+            got["trainer"].append(_effect(logits(bf_model, True, True) - logits(bf_model, False, True), ref))
+            for m in bf_model.modules():  # back to PEFT's own forward
+                if m in patched and "forward" in vars(m):
+                    del m.forward
+            got["engine"].append(_effect(engine(True) - engine(False), ref))
+        row = {"k": k, "effect_rms": ref.pow(2).mean().sqrt().item()}
+        for p in paths:
+            shares, coss = zip(*got[p], strict=True)
+            row |= {f"{p}_share": round(sum(shares) / len(shares), 4), f"{p}_cos": round(sum(coss) / len(coss), 4),
+                    f"{p}_share_range": [round(min(shares), 4), round(max(shares), 4)]}
+        rows.append(row)
+    ok = all(r["engine_share"] >= r["peft_share"] - FOLD_SLACK and r["engine_cos"] >= r["peft_cos"] - FOLD_SLACK
+             for r in rows)
+    del ref_model, bf_model, fast
+    _free()
+    return {"lr": lr, "lora_r": args.lora_r, "prompts": ids.size(0), "draws": FOLD_DRAWS, "slack": FOLD_SLACK,
+            "rows": rows, "ok": ok}
 
 
 def _kernel_check(device, cfg) -> float:
@@ -325,23 +415,57 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
            "gpu_ms": round(sum(t for t, _ in kern.values()) / 1000, 1),
            "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
            "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top]}
-    if args.train_compile:  # experiment: every decoder layer torch.compile'd (dynamic shapes), same batch
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        for mb in parts:  # random weights score 0 everywhere: non-zero advantages make the comparison bite
-            mb["advantages"] = torch.linspace(-1, 1, mb["advantages"].numel(), device=device).view_as(mb["advantages"])
-        (loss_e, grads_e), _ = _timed(step)
+    if args.train_compile or args.train_liger:
+        res.update(_train_variants(model, batch, parts, step, device, args))
+    log.info("%s", res)
+    del trainer, model
+    _free()
+    return res
+
+
+def _train_variants(model, batch, parts, step, device, args) -> dict:
+    """Experiments on the profiled step: its gradients against eager's own noise floor.
+
+    Random weights score 0 everywhere, so the advantages are set non-zero to make the comparison bite.
+    The noise floor is two eager runs that differ only in reduction order: the same rows cut into
+    twice as many micro-batches (other matmul shapes, so other kernels and summation orders).
+    """
+    from talkmethods.trainer import group_by_length, width_step_for
+
+    n = len(parts)
+    batch["advantages"] = torch.linspace(-1, 1, batch["advantages"].numel(), device=device).view_as(batch["advantages"])
+    parts[:] = group_by_length(batch, n, width_step_for(device))
+    (loss_e, grads_e), wall_e = _timed(step)
+
+    def rel(g):
+        return float((g - grads_e).norm() / grads_e.norm().clamp(min=1e-30))
+
+    finer = group_by_length(batch, 2 * n, width_step_for(device))
+    parts[:] = finer
+    (_, grads_f), _ = _timed(step)
+    parts[:] = group_by_length(batch, n, width_step_for(device))
+    out = {"eager": {"wall_s": round(wall_e, 3), "loss": loss_e},
+           "noise_floor": {"what": f"eager, {n} vs {len(finer)} micro-batches", "grad_rel_diff": rel(grads_f)}}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if args.train_liger:  # Liger's fused RMSNorm, SwiGLU and RoPE patched into the model (not the LM head or loss)
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+
+        apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, model=base)
+        _, first = _timed(step)
+        step()
+        (loss_l, grads_l), wall_l = _timed(step)
+        out["liger"] = {"wall_s": round(wall_l, 3), "first_step_s": round(first, 2), "loss": loss_l,
+                        "grad_rel_diff": rel(grads_l)}
+    if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
         _, first = _timed(step)
         step()
         (loss_c, grads_c), wall_c = _timed(step)
-        res["compiled_layers"] = {"wall_s": round(wall_c, 3), "first_step_s": round(first, 1),
-                                  "loss_eager": loss_e, "loss_compiled": loss_c,
-                                  "grad_rel_diff": float((grads_c - grads_e).norm() / grads_e.norm().clamp(min=1e-30))}
-    log.info("%s", res)
-    del trainer, model
-    _free()
-    return res
+        out["compiled_layers"] = {"wall_s": round(wall_c, 3), "first_step_s": round(first, 1), "loss": loss_c,
+                                  "grad_rel_diff": rel(grads_c), "with_liger": bool(args.train_liger)}
+    return out
 
 
 def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
@@ -432,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="random:qwen2.5-1.5b")
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the code path, measures nothing useful")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,decode,arms,eval,profile,train_profile")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,fold,decode,arms,eval,profile,train_profile")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
     ap.add_argument("--attention", default="auto",
                     help="comma-separated attention forms of the decode section (auto, matmul, vt, reduce, sdpa, triton); the first "
@@ -445,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="micro-batches a training step is split into (default 4, as config.yaml)")
     ap.add_argument("--train-compile", action="store_true",
                     help="experiment: also time the profiled training step with every decoder layer torch.compile'd")
+    ap.add_argument("--train-liger", action="store_true",
+                    help="experiment: also time the profiled training step with Liger's RMSNorm, SwiGLU and RoPE kernels")
     ap.add_argument("--no-pack", dest="pack_seats", action="store_false",
                     help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)")
     args = ap.parse_args(argv)
@@ -489,6 +615,7 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="talkmethods-bench-"))
     sections = {
         "guard": lambda: guard(spec, tokenizer, device, args),
+        "fold": lambda: fold(spec, tokenizer, device, args),
         "decode": lambda: decode(spec, tokenizer, device, dtype, args),
         "arms": lambda: arms(spec, device, args, problems, work),
         "eval": lambda: eval_batch(spec, tokenizer, device, dtype, args, held_out),
@@ -506,6 +633,9 @@ def main(argv: list[str] | None = None) -> None:
             res.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"[:2000]
             _free()
         res.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
+        if name == "fold" and name in res and not res[name]["ok"] and not q:  # --quick measures nothing to hold to
+            res.setdefault("errors", {})[name] = (f"the engine's folded adapter trails PEFT's bf16 forward by more than "
+                                                  f"{FOLD_SLACK} (share or cosine): {res[name]['rows']}")
         save()
     shutil.rmtree(work, ignore_errors=True)
     if "arms" in res and "eval" in res:
@@ -531,6 +661,18 @@ def table(res: dict) -> str:
                      if g.get("decode_attention_bf16_max_abs_diff") is not None else "")
                   + (f"; Triton sampler vs torch's rule: {g['sampler']['same_tokens']}/{g['sampler']['rows']} tokens equal, "
                      f"max |Δ log-prob| {g['sampler']['logp_max_abs_diff']:.1e}" if g.get("sampler") else ""), ""]
+    if "fold" in res:
+        f = res["fold"]
+        lines += [f"adapter fold (bf16, LoRA r={f['lora_r']}, B = k Adam-sized steps of lr {f['lr']:g}, mean of {f['draws']} draws; "
+                  f"the adapter's effect on the last-position logits of {f['prompts']} prompts against fp32 PEFT; fails if the "
+                  f"engine trails PEFT by > {f['slack']}): {'ok' if f['ok'] else 'FAILED'}"
+                  + (" (not enforced: --quick measures nothing)" if res["settings"]["quick"] else ""),
+                  "| k | effect rms | share: PEFT bf16 | trainer | engine | cosine: PEFT bf16 | trainer | engine |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['k']} | {r['effect_rms']:.2e} | {r['peft_share']:.3f} | {r['trainer_share']:.3f} | "
+                  f"{r['engine_share']:.3f} | {r['peft_cos']:.3f} | {r['trainer_cos']:.3f} | {r['engine_cos']:.3f} |"
+                  for r in f["rows"]]
+        lines.append("")
     if "decode" in res:
         lines += ["| engine | batch | prompt | new tokens | ms / decode step | tokens/s | prefill s | turn s |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -558,11 +700,14 @@ def table(res: dict) -> str:
                   f"{t['wall_s']} s wall ({t['tokens_per_s']:,} tok/s, {t['tflops_4n']} TFLOP/s at 4·N a token), "
                   f"{t['gpu_ms']} ms of kernels: " + ", ".join(f"{k} {v}" for k, v in t["by_kind_ms"].items()) + " ms"]
         lines += [f"- {k['ms']} ms in {k['calls']} calls: {k['kernel']}" for k in t["top"]]
-        if "compiled_layers" in t:
-            c = t["compiled_layers"]
-            lines += [f"- the same step with every decoder layer torch.compile'd (experiment, non-zero advantages): "
-                      f"{c['wall_s']} s (first step {c['first_step_s']} s); loss {c['loss_compiled']:.6g} against "
-                      f"{c['loss_eager']:.6g} eager, gradients {c['grad_rel_diff']:.2e} apart (relative norm)"]
+        if "noise_floor" in t:
+            lines += [f"- gradient check (non-zero advantages; relative gradient norm against eager {t['eager']['wall_s']} s): "
+                      f"noise floor ({t['noise_floor']['what']}) {t['noise_floor']['grad_rel_diff']:.2e}"]
+            for name, label in (("liger", "Liger RMSNorm + SwiGLU + RoPE"), ("compiled_layers", "decoder layers torch.compile'd")):
+                if name in t:
+                    c = t[name]
+                    lines += [f"- {label}: {c['wall_s']} s a step (first {c['first_step_s']} s), loss {c['loss']:.6g} "
+                              f"against {t['eager']['loss']:.6g}, gradients {c['grad_rel_diff']:.2e} from eager"]
         lines.append("")
     if "eval" in res:
         e = res["eval"]

@@ -26,6 +26,9 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     g = out["guard"]
     assert g["identical"] and g["rows_identical"] == g["rows"] == 8 and g["adapter_changes_output"]
     assert g["logp_max_abs_diff_fp32"] < 1e-4
+    f = out["fold"]  # its verdict is not enforced with --quick (a width-64 model is not what it guards)
+    assert [r["k"] for r in f["rows"]] == [1, 5, 20]
+    assert f["rows"][-1]["engine_share"] > 0.9 and f["rows"][-1]["engine_cos"] > 0.9
     engines = {(r["engine"], r["batch"]) for r in out["decode"]}
     assert engines == {(e, b) for e in ("fast", "plain generate (eager, unmerged LoRA)") for b in (4, 8)}
     assert all(r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 for r in out["decode"])
@@ -56,3 +59,36 @@ def test_ab_experiments_say_they_need_a_gpu_instead_of_failing_later():
     out = subprocess.run([sys.executable, str(script), "two-sets", "--out", "/tmp/unused-ab"], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 1 and "needs a CUDA GPU" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
+    """The fold section's verdict can fail: an engine that folds the adapter without LoRA's
+    ``alpha / r`` scaling (2 in the recipe, so half the effect) trails PEFT and is flagged."""
+    import argparse
+    import importlib.util
+
+    from talkmethods import fastdecode
+    from talkmethods.models import ModelSpec, load_tokenizer
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "speed.py"
+    spec = importlib.util.spec_from_file_location("bench_speed", path)
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    model_spec = ModelSpec("offline-tiny-qwen2")
+    tok = load_tokenizer(model_spec)
+    args = argparse.Namespace(lora_r=4)
+    good = speed.fold(model_spec, tok, "cpu", args)["rows"][-1]  # k = 20: both carry the whole effect
+    assert good["engine_share"] > good["peft_share"] - speed.FOLD_SLACK and good["engine_share"] > 0.95
+    real = fastdecode._effective_weight
+
+    def unscaled(linear, adapter):
+        weight, bias = real(linear, adapter)
+        if not hasattr(linear, "base_layer"):
+            return weight, bias
+        base = linear.base_layer.weight
+        return (base.float() + (weight.float() - base.float()) / 2).to(base.dtype), bias
+
+    monkeypatch.setattr(fastdecode, "_effective_weight", unscaled)
+    res = speed.fold(model_spec, tok, "cpu", args)
+    assert not res["ok"], res["rows"]
+    assert res["rows"][-1]["engine_share"] < res["rows"][-1]["peft_share"] - speed.FOLD_SLACK
