@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import speed  # noqa: E402
-from talkmethods import decode_attention as da  # noqa: E402
-from talkmethods import decode_sampling as ds  # noqa: E402
-from talkmethods import fastdecode as fd  # noqa: E402
+from talkmethods.engines.fast import FastGenerator  # noqa: E402
+from talkmethods.engines.fast import attention as da  # noqa: E402
+from talkmethods.engines.fast import sampler as ds  # noqa: E402
+from talkmethods.engines.sampling import Sampling  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer  # noqa: E402
-from talkmethods.rollout import Sampling  # noqa: E402
 
 TURN = Sampling(max_new_tokens=256)
 
@@ -50,28 +50,27 @@ def sampler_ends(model, tok) -> dict:
     try:
         for name, sampler, ends in [("Triton sampler, compiled ends", True, True), ("Triton sampler, eager ends", True, False),
                                     ("torch sampler, compiled ends", False, True), ("torch sampler, eager ends", False, False)]:
-            fd.COMPILE_ENDS = ends
             ds.handles = handles if sampler else (lambda *a: False)
             torch._dynamo.reset()
-            res[name] = {"ms_per_step": _decode_ms(fd.FastGenerator(model, tok), prompts, on)}
+            res[name] = {"ms_per_step": _decode_ms(FastGenerator(model, tok, compile_ends=ends), prompts, on)}
             print(name, res[name], flush=True)
     finally:
-        fd.COMPILE_ENDS, ds.handles = True, handles
+        ds.handles = handles
     return res
 
 
 def two_sets(model, tok) -> dict:
     prompts, on, res, outs = speed._prompts(tok, 32, 512, seed=32), [True, False] * 16, {}, []
-    together = fd.FastGenerator._decode
+    together = FastGenerator._decode
 
     def one_by_one(self, batches):
         for b in batches:
             together(self, [b])
 
-    gen = fd.FastGenerator(model, tok)
+    gen = FastGenerator(model, tok)
     try:
         for name, decode in [("one by one", one_by_one), ("together", together)]:
-            fd.FastGenerator._decode = decode
+            FastGenerator._decode = decode
             gen.generate(prompts, on, TURN)
             walls = []
             for _ in range(3):
@@ -84,7 +83,7 @@ def two_sets(model, tok) -> dict:
             res[name] = {"turn_s": walls}
             print(name, res[name], flush=True)
     finally:
-        fd.FastGenerator._decode = together
+        FastGenerator._decode = together
     res["same_tokens"] = all(o == outs[0] for o in outs)
     return res
 
@@ -95,7 +94,7 @@ def attention_splits(model, tok) -> dict:
     try:
         for per_sm in (1, 2, 4, 8):
             da.PROGRAMS_PER_SM = per_sm
-            res[f"{per_sm} per SM"] = {"ms_per_step": _decode_ms(fd.FastGenerator(model, tok), prompts, on)}
+            res[f"{per_sm} per SM"] = {"ms_per_step": _decode_ms(FastGenerator(model, tok), prompts, on)}
             print(per_sm, res[f"{per_sm} per SM"], flush=True)
     finally:
         da.PROGRAMS_PER_SM = kept

@@ -6,7 +6,7 @@ Needs the config's split and warm start (``snakemake --configfile world-gpu.yaml
 Trains the same GRPO run twice: once as the pipeline does (the rollout engine refreshes its weights
 after every optimizer step) and once with a stale engine that keeps the weights of step 0, so its
 rollouts come from an adapter k steps old. Prints per step the mean and max |log-prob gap| and the KL
-estimate of each; the warning threshold (``trainer.KL_TOLERANCE``) sits between the two.
+estimate of each; the warning threshold (``training.trainer.KL_TOLERANCE``) sits between the two.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def run(config: list[str], steps: int, stale: bool, out: Path) -> list[dict]:
-    import talkmethods.engine as E
+    import talkmethods.engines as E
     from talkmethods import config as C
     from talkmethods.stages import train_stage
 

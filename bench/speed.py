@@ -41,13 +41,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from talkmethods import decode_attention as da  # noqa: E402
-from talkmethods import decode_sampling as ds  # noqa: E402
 from talkmethods.atomic import write_json  # noqa: E402
-from talkmethods.engine import ENGINES, sample_with_logprob  # noqa: E402
-from talkmethods.fastdecode import FastGenerator, batch_bucket  # noqa: E402
+from talkmethods.engines import ENGINES  # noqa: E402
+from talkmethods.engines.fast import FastGenerator  # noqa: E402
+from talkmethods.engines.fast import attention as da  # noqa: E402
+from talkmethods.engines.fast import sampler as ds  # noqa: E402
+from talkmethods.engines.fast.generator import batch_bucket  # noqa: E402
+from talkmethods.engines.plain import PlainGenerator  # noqa: E402
+from talkmethods.engines.sampling import Sampling, sample_with_logprob  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype  # noqa: E402
-from talkmethods.rollout import PlainGenerator, Sampling  # noqa: E402
 
 log = logging.getLogger("bench")
 ARMS = ("grpo", "ada", "raft", "mixed")
@@ -71,7 +73,7 @@ def _peft(model, r: int, seed: int = 0, b_scale: float = 0.0):
     """Wrap ``model`` in the recipe's LoRA; ``b_scale`` > 0 makes the adapter change outputs."""
     from peft import LoraConfig, get_peft_model
 
-    from talkmethods.trainer import LORA_TARGETS
+    from talkmethods.training.build import LORA_TARGETS
 
     model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
     if b_scale:
@@ -147,8 +149,9 @@ def fold(spec: ModelSpec, tokenizer, device, args) -> dict:
     """
     from peft import LoraConfig, get_peft_model
 
-    from talkmethods.fastdecode import prefill_math
-    from talkmethods.trainer import LORA_TARGETS, fuse_lora_adds
+    from talkmethods.engines.fast.qwen2 import prefill_math
+    from talkmethods.training.build import LORA_TARGETS
+    from talkmethods.training.patches import fuse_lora_adds
 
     lr = 1e-4
     ref_model = load_model(spec, torch.float32, device)
@@ -353,7 +356,7 @@ def _kind(name: str) -> str:
 
 def _train_config(arm: str, spec: ModelSpec, args, steps: int):
     """The recipe's training settings for ``arm`` at the bench's sizes, on the fast engine."""
-    from talkmethods.trainer import TrainConfig
+    from talkmethods.training.build import TrainConfig
 
     return TrainConfig(arm=arm, seed=17, model=spec, steps=steps, sampling=Sampling(max_new_tokens=args.turn_tokens),
                        save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
@@ -370,7 +373,8 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from talkmethods.trainer import build_trainer, group_by_length, width_step_for
+    from talkmethods.training.build import build_trainer
+    from talkmethods.training.rows import group_by_length, width_step_for
 
     trainer = build_trainer(_train_config("raft", spec, args, steps=1), problems, out / "work_profile",
                             generator_factory=ENGINES["fast"])
@@ -430,7 +434,7 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
     The noise floor is two eager runs that differ only in reduction order: the same rows cut into
     twice as many micro-batches (other matmul shapes, so other kernels and summation orders).
     """
-    from talkmethods.trainer import group_by_length, width_step_for
+    from talkmethods.training.rows import group_by_length, width_step_for
 
     n = len(parts)
     batch["advantages"] = torch.linspace(-1, 1, batch["advantages"].numel(), device=device).view_as(batch["advantages"])
@@ -470,7 +474,8 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
 
 def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
     """A few real recipe steps of every arm on the fast engine."""
-    from talkmethods.trainer import StepLog, build_trainer
+    from talkmethods.training.build import build_trainer
+    from talkmethods.training.runs import StepLog
 
     rows = []
     for arm in args.arms:
@@ -559,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,fold,decode,arms,eval,profile,train_profile")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
     ap.add_argument("--attention", default="auto",
-                    help="comma-separated attention forms of the decode section (auto, matmul, vt, reduce, sdpa, triton); the first "
+                    help="comma-separated attention forms of the decode section (auto, matmul, sdpa, triton); the first "
                          "one also serves the guard and the profile")
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
     ap.add_argument("--ada-rounds", dest="ada_draw_ahead", action="store_false",

@@ -6,7 +6,25 @@ rule bench:
     input:
         script=os.path.join(workflow.basedir, "bench", "speed.py"),
         src=package_src(
-            "fastdecode", "engine", "rollout", "trainer", "evaluate", "models"
+            "engines/__init__",
+            "engines/sampling",
+            "engines/plain",
+            "engines/loop",
+            "engines/fast/__init__",
+            "engines/fast/weights",
+            "engines/fast/qwen2",
+            "engines/fast/generator",
+            "engines/fast/attention",
+            "engines/fast/sampler",
+            "rollout",
+            "training/__init__",
+            "training/build",
+            "training/trainer",
+            "training/rows",
+            "training/patches",
+            "training/runs",
+            "evaluate",
+            "models",
         ),
     output:
         json="results/bench/speed.json",

@@ -18,7 +18,17 @@ rule split:
 rule selftest:
     input:
         package_src(
-            "selftest", "split", "grading", "rollout", "credit", "models", "dialogue"
+            "selftest",
+            "split",
+            "grading",
+            "rollout",
+            "engines/__init__",
+            "engines/sampling",
+            "engines/plain",
+            "engines/loop",
+            "credit",
+            "models",
+            "dialogue",
         ),
     output:
         "results/selftest.json",

@@ -6,7 +6,7 @@ Layout read (all under a results directory ``R``)::
     R/{arm}/seed{seed}/eval.json              kind "eval": trained A x trained B (held-out)
     R/{arm}/seed{seed}/crossplay.json         kind "crossplay": trained A x base B
     R/{arm}/seed{seed}/crossplay_bA.json      kind "crossplay_bA": base A x trained B
-    R/{arm}/seed{seed}/train_log.jsonl        one line per optimizer step (trainer.StepLog)
+    R/{arm}/seed{seed}/train_log.jsonl        one line per optimizer step (training.runs.StepLog)
     R/data/split_stats.json                   split.draw_problems' statistics
     R/selftest.json                           {"passed": bool, "checks": [{name, passed, detail}]}
 

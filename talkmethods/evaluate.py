@@ -20,7 +20,9 @@ from tqdm import tqdm
 from talkmethods.dialogue import SEATS
 from talkmethods.grading import extract_boxed
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
-from talkmethods.rollout import Chat, PlainGenerator, Sampling, play_chats
+from talkmethods.engines.plain import PlainGenerator
+from talkmethods.engines.sampling import Sampling
+from talkmethods.rollout import Chat, play_chats
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ def run_eval(kind: str, model_spec: ModelSpec, adapter_dir: str | None, problems
         model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False)
     model.eval()
     torch.manual_seed(seed)
-    from talkmethods.engine import ENGINES
+    from talkmethods.engines import ENGINES
 
     chats = play_eval(model, tokenizer, problems, kind, sampling, chats_per_problem, batch_chats, ENGINES[engine])
     metrics = chat_metrics(chats)

@@ -36,7 +36,9 @@ def _check_chats() -> str:
     import torch
 
     from talkmethods.models import ModelSpec, load_model, load_tokenizer
-    from talkmethods.rollout import PlainGenerator, Sampling, play_chats
+    from talkmethods.engines.plain import PlainGenerator
+    from talkmethods.engines.sampling import Sampling
+    from talkmethods.rollout import play_chats
 
     spec = ModelSpec("offline-tiny-qwen2")
     tok = load_tokenizer(spec)

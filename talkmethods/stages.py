@@ -8,7 +8,7 @@ from pathlib import Path
 
 from talkmethods.atomic import write_json
 from talkmethods.models import ModelSpec
-from talkmethods.rollout import Sampling
+from talkmethods.engines.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def warmstart_stage(params: dict, problems: str, out_model: str, out_stats: str)
 
 def train_config(params: dict):
     """TrainConfig from a rule's plain ``params``."""
-    from talkmethods.trainer import TrainConfig
+    from talkmethods.training.build import TrainConfig
 
     p = dict(params)
     p["model"] = ModelSpec(**p["model"])
@@ -62,7 +62,7 @@ def train_config(params: dict):
 
 def train_stage(params: dict, problems: str, adapter_dir: str, log_path: str, work_dir: str) -> dict:
     """Train one (arm, seed) run, resuming from ``work_dir`` if it holds a checkpoint."""
-    from talkmethods.trainer import train_run
+    from talkmethods.training.build import train_run
 
     cfg = train_config(params)
     return train_run(cfg, read_jsonl(problems), Path(adapter_dir), Path(log_path), Path(work_dir))

@@ -4,7 +4,7 @@ A random model never boxes a right answer, so every reward, advantage and replay
 zero. The warm start builds a fresh Qwen2-architecture model (seeded random weights), then teaches it
 the task with TRL's ``SFTTrainer`` on the *train* problems' ideal dialogues (``dialogue.ideal_dialogue``:
 each seat states its facts, then both work the sum and box it). Each training row is one seat's two
-turns packed exactly as the RL trainer packs them (``trainer.to_rows`` over ``rollout.seat_prompts``),
+turns packed exactly as the RL trainer packs them (``training.rows.to_rows`` over ``rollout.seat_prompts``),
 so SFT and RL see the same token ids, and only the seat's own tokens are trained.
 
 Stopped early on purpose: a base that is *partly* right (DESIGN §1b: team accuracy 0.2-0.35) leaves
@@ -79,7 +79,7 @@ def draw_slips(problems: list[dict], rate: float, seed: int) -> list[tuple[str, 
 
 def sft_rows(problems: list[dict], tokenizer, slip_rate: float = 0.0, seed: int = 0) -> list[dict]:
     """One SFT row per seat and problem: ``input_ids`` and ``completion_mask`` (1 on the seat's own tokens)."""
-    from talkmethods.trainer import to_rows
+    from talkmethods.training.rows import to_rows
 
     slips = draw_slips(problems, slip_rate, seed)
     chats = [ideal_chat(p, tokenizer, s) for p, s in zip(problems, slips, strict=True)]
@@ -138,7 +138,9 @@ def warm_start(cfg: WarmStartConfig, problems: list[dict], out_dir: str | Path) 
     from trl import SFTConfig, SFTTrainer
 
     from talkmethods.models import pick_device_and_dtype
+    from talkmethods.training.patches import score_only_valid_positions_on_cpu
 
+    score_only_valid_positions_on_cpu()  # SFTTrainer's fused LM head too: only the loss positions on a CPU
     t0 = time.perf_counter()
     device, dtype = pick_device_and_dtype(cfg.precision)
     tokenizer = world_tokenizer(cfg, problems)

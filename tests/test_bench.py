@@ -67,7 +67,7 @@ def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
     import argparse
     import importlib.util
 
-    from talkmethods import fastdecode
+    from talkmethods.engines.fast import weights
     from talkmethods.models import ModelSpec, load_tokenizer
 
     path = Path(__file__).resolve().parents[1] / "bench" / "speed.py"
@@ -79,7 +79,7 @@ def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
     args = argparse.Namespace(lora_r=4)
     good = speed.fold(model_spec, tok, "cpu", args)["rows"][-1]  # k = 20: both carry the whole effect
     assert good["engine_share"] > good["peft_share"] - speed.FOLD_SLACK and good["engine_share"] > 0.95
-    real = fastdecode._effective_weight
+    real = weights._effective_weight
 
     def unscaled(linear, adapter):
         weight, bias = real(linear, adapter)
@@ -88,7 +88,7 @@ def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
         base = linear.base_layer.weight
         return (base.float() + (weight.float() - base.float()) / 2).to(base.dtype), bias
 
-    monkeypatch.setattr(fastdecode, "_effective_weight", unscaled)
+    monkeypatch.setattr(weights, "_effective_weight", unscaled)
     res = speed.fold(model_spec, tok, "cpu", args)
     assert not res["ok"], res["rows"]
     assert res["rows"][-1]["engine_share"] < res["rows"][-1]["peft_share"] - speed.FOLD_SLACK

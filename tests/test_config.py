@@ -295,7 +295,7 @@ def test_a_model_dir_that_holds_no_model_is_one_line_naming_model_name(tmp_path)
 
 
 def test_engines_in_the_schema_are_the_engines_the_code_has():
-    from talkmethods.engine import ENGINES
+    from talkmethods.engines import ENGINES
 
     schema = yaml.safe_load((Path(__file__).parents[1] / "talkmethods/schemas/config.schema.yaml").read_text())
     for section in ("train", "eval"):

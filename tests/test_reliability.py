@@ -42,7 +42,7 @@ SMALL = {
 TIMINGS = ("gen_s", "train_s")
 DRIVER = """
 import functools, sys
-import talkmethods.trainer as T
+import talkmethods.training.build as T
 def parity(turn, problem):
     return bool(turn.completion_ids) and turn.completion_ids[0] % 2 == 0
 T.build_trainer = functools.partial(T.build_trainer, judge=parity)
@@ -155,7 +155,7 @@ def test_killed_training_resumes_to_the_uninterrupted_result(reference, data_dir
     and the adapter and log (timings aside) of the uninterrupted run, bit for bit. HF Trainer restores the
     global torch RNG (rng_state.pth), which is what the rollouts sample from, and skips the trained batches;
     TRL's RepeatSampler shuffles with its own generator, which rng_state.pth does not hold: without
-    ``talkmethods.trainer._replayable`` a run resumed before its 2nd pass over the 6 problems (steps 4-6)
+    ``talkmethods.training.patches.replayable`` a run resumed before its 2nd pass over the 6 problems (steps 4-6)
     deals them in the 1st pass's order and ends with other weights.
     """
     kill_step = random.Random().randint(2, STEPS - 1)
@@ -250,15 +250,16 @@ def _fake_checkpoint(work: Path, step: int, state: str | None = "ok") -> None:
 def test_resume_picks_the_last_complete_checkpoint_of_the_same_run(tmp_path):
     """Unit level: partial checkpoints are deleted; another config's or other problems' are never resumed."""
     from talkmethods.models import ModelSpec
-    from talkmethods.trainer import RUN_KEY, TrainConfig, _run_key, last_checkpoint
+    from talkmethods.training.build import TrainConfig
+    from talkmethods.training.runs import RUN_KEY, last_checkpoint, run_key
 
     cfg = TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8)
     problems = [{"id": "p1", "gold": "3"}]
-    key = _run_key(cfg, problems)
-    assert _run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8), problems) == key
-    assert _run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
+    key = run_key(cfg, problems)
+    assert run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8), problems) == key
+    assert run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
                                 learning_rate=2e-4), problems) != key
-    assert _run_key(cfg, [{"id": "p1", "gold": "4"}]) != key
+    assert run_key(cfg, [{"id": "p1", "gold": "4"}]) != key
 
     work = tmp_path / "work"
     work.mkdir()
@@ -270,7 +271,7 @@ def test_resume_picks_the_last_complete_checkpoint_of_the_same_run(tmp_path):
     assert last_checkpoint(work, key) == work / "checkpoint-4"
     assert sorted(p.name for p in work.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
-    other = _run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
+    other = run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
                                  learning_rate=2e-4), problems)
     assert last_checkpoint(work, other) is None
     assert not list(work.glob("checkpoint-*")) and not (work / "train_log.jsonl").exists()
@@ -285,30 +286,30 @@ def test_sampler_order_depends_only_on_seed_and_epoch():
     """The replayable sampler: epoch e's order is the uninterrupted one whether or not earlier epochs ran here."""
     from trl.trainer.utils import RepeatSampler
 
-    from talkmethods.trainer import _replayable
+    from talkmethods.training.patches import replayable
 
     def sampler():
         return RepeatSampler(list(range(10)), mini_repeat_count=4, batch_size=2, repeat_count=1, shuffle=True, seed=17)
 
     plain = sampler()
     uninterrupted = [list(plain) for _ in range(3)]  # TRL's own behaviour: one randperm per epoch
-    replay = _replayable(sampler())
+    replay = replayable(sampler())
     orders = []
     for epoch in range(3):
         replay.set_epoch(epoch)
         orders.append(list(replay))
     assert orders == uninterrupted and uninterrupted[1] != uninterrupted[2]
-    resumed = _replayable(sampler())  # a fresh process resuming in epoch 2
+    resumed = replayable(sampler())  # a fresh process resuming in epoch 2
     resumed.set_epoch(2)
     assert list(resumed) == uninterrupted[2]
 
 
 def test_truncate_log_drops_later_steps_and_a_torn_line(tmp_path):
-    from talkmethods.trainer import _truncate_log
+    from talkmethods.training.runs import truncate_log
 
     log = tmp_path / "train_log.jsonl"
     log.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "rew')
-    _truncate_log(log, 2)
+    truncate_log(log, 2)
     assert log.read_text() == '{"step": 1}\n{"step": 2}\n'
     assert not _no_temporaries(tmp_path)
 
@@ -511,7 +512,7 @@ def test_card_and_curve_pngs_keep_the_old_file_when_drawing_fails(tmp_path, monk
 # atomic_path(...)`` is fine; anything else must be listed here with the reason it is safe.
 REVIEWED_DIRECT_WRITES = {
     ("talkmethods/problems.py", "write_jsonl", "tmp.open"): "its own temporary + fsync + os.replace",
-    ("talkmethods/trainer.py", "on_log", "open"): "appends whole lines to the live log in checkpoint_dir "
+    ("talkmethods/training/runs.py", "on_log", "open"): "appends whole lines to the live log in checkpoint_dir "
                                                  "(not an output; a torn last line is dropped on resume)",
     ("talkmethods/card.py", "plot_card", "fig.savefig"): "draws to the path write_card gives it: a temporary "
                                                        "of atomic_path",

@@ -14,16 +14,11 @@ import torch
 from conftest import tiny_problems
 
 from talkmethods.dialogue import OPENING_LINE, system_prompt
+from talkmethods.engines.plain import BASE_ADAPTER, PlainGenerator
+from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec, load_model
-from talkmethods.rollout import (
-    BASE_ADAPTER,
-    PlainGenerator,
-    Sampling,
-    Turn,
-    judge_by_gold,
-    play_chats,
-)
-from talkmethods.trainer import LORA_TARGETS
+from talkmethods.rollout import Turn, judge_by_gold, play_chats
+from talkmethods.training.build import LORA_TARGETS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -73,6 +68,10 @@ def peft_model(one_torch_thread):
 
 class CountingGenerator:
     """Wraps a generator; records every ``generate`` call (prompts, adapter flags)."""
+
+    eos_ids: list[int] = []  # the inner engine's stop tokens are not passed on
+    reuses_turns = False
+    last_logprobs = None
 
     def __init__(self, inner):
         self.inner = inner
@@ -381,6 +380,10 @@ def test_judge_by_gold_reads_the_box():
 
 class ScriptedGenerator:
     """Returns fixed messages: call k (turn k) gives row i the text script[k](i), then <|im_end|>."""
+
+    eos_ids: list[int] = []
+    reuses_turns = False
+    last_logprobs = None
 
     def __init__(self, tokenizer, script):
         self.tokenizer = tokenizer

@@ -1,15 +1,20 @@
 """Contract tests: the TRL / PEFT / transformers internals that talkmethods relies on.
 
-TalkTrainer overrides a private GRPOTrainer method and counts on how TRL splits, shuffles and scores
-the batch it returns. Each test names the pin that moved, so an upgrade fails with a message saying
-what to re-check instead of silently training on the wrong rows.
+TalkTrainer overrides seven GRPOTrainer/Trainer methods (``training.trainer.TalkTrainer`` lists them) and
+counts on how TRL splits, shuffles and scores the batch it returns; ``training.patches`` changes five
+TRL/PEFT code paths, each docstring naming its test here. Each test names the pin that moved, so an
+upgrade fails with a message saying what to re-check instead of silently training on the wrong rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import peft
 import pytest
@@ -19,10 +24,11 @@ import trl
 from conftest import tiny_problems
 from trl import GRPOConfig, GRPOTrainer
 
-import talkmethods.trainer as trainer_mod  # noqa: F401  (applies the _use_triton patch on import)
+import talkmethods.training.build as build_mod
+from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec
-from talkmethods.rollout import Sampling
-from talkmethods.trainer import TrainConfig, build_trainer
+from talkmethods.training.build import TrainConfig, build_trainer
+from talkmethods.training.patches import score_only_valid_positions_on_cpu
 
 TRL_PIN, PEFT_PIN, TRANSFORMERS_PIN = "1.16.0", "0.21.2", "5.23.0"
 BASE_KEYS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch"}
@@ -180,14 +186,16 @@ def test_shuffle_sequence_dict_keeps_rows_aligned_and_scalars_whole():
 
 
 def test_fused_forward_looks_up_use_triton_at_call_time():
+    """``patches.score_only_valid_positions_on_cpu`` replaces ``trl.trainer.utils._use_triton``."""
     import trl.trainer.utils as trl_utils
 
     assert hasattr(trl_utils, "_use_triton"), f"trl=={TRL_PIN} pinned; trl.trainer.utils._use_triton is gone"
     s = src(trl_utils.add_fused_lm_head)
     assert "def _fused_forward(" in s and "compact = _use_triton(" in s, (
         f"trl=={TRL_PIN} pinned; _fused_forward no longer calls `compact = _use_triton(`: "
-        "talkmethods.trainer._score_only_valid_positions_on_cpu patches nothing")
-    # ... and our patch is in place: compact scoring on a CPU, the original decision elsewhere.
+        "talkmethods.training.patches.score_only_valid_positions_on_cpu patches nothing")
+    # ... and our patch, once applied (build_trainer does), scores compactly on a CPU; the original decision elsewhere.
+    score_only_valid_positions_on_cpu()
     assert trl_utils._use_triton(torch.device("cpu")) is True
     assert getattr(trl_utils._use_triton, "_talkmethods", False)
     from trl.kernels.chunked_logprob import _use_triton as original
@@ -207,6 +215,26 @@ def test_grpo_sampler_repeats_each_prompt_num_generations_times_in_a_row():
     assert all(len(set(idx[4 * k: 4 * k + 4])) == 1 for k in range(8))
 
 
+def test_repeat_sampler_shuffles_once_an_epoch_and_trainer_sets_the_epoch():
+    """``patches.replayable`` replays the sampler's own generator to an epoch's start in ``set_epoch``."""
+    from accelerate.data_loader import DataLoaderShard
+    from transformers import Trainer
+    from trl.trainer.utils import RepeatSampler
+
+    init, it = src(RepeatSampler.__init__), src(RepeatSampler.__iter__)
+    assert "self.generator = torch.Generator()" in init and "self.generator.manual_seed(seed)" in init, (
+        f"trl=={TRL_PIN} pinned; RepeatSampler no longer shuffles with its own generator seeded once")
+    assert "self.num_samples = len(data_source)" in init and "self.shuffle = shuffle" in init and "self.seed = seed" in init
+    assert it.count("torch.randperm(") == 1 and "torch.randperm(self.num_samples, generator=self.generator)" in it, (
+        f"trl=={TRL_PIN} pinned; RepeatSampler.__iter__ no longer draws one randperm(num_samples) per epoch: "
+        "talkmethods.training.patches.replayable replays the wrong draws")
+    assert "set_epoch" not in vars(RepeatSampler), f"trl=={TRL_PIN} pinned; RepeatSampler has a set_epoch of its own now"
+    assert "train_dataloader.set_epoch(epoch)" in src(Trainer._run_epoch), (
+        f"transformers=={TRANSFORMERS_PIN} pinned; Trainer no longer calls set_epoch on the dataloader every epoch")
+    assert "self.batch_sampler.sampler.set_epoch(epoch)" in src(DataLoaderShard.set_epoch), (
+        "accelerate's DataLoaderShard.set_epoch no longer reaches the sampler")
+
+
 # -------------------------------------------------------------------------------------- PEFT
 
 
@@ -222,6 +250,26 @@ def test_peft_lora_supports_mixed_adapter_batches():
     assert "Cannot pass `adapter_names` when the model is in training mode." in s
 
 
+def test_peft_lora_linear_forward_is_the_sum_fuse_lora_adds_fuses():
+    """``patches.fuse_lora_adds`` replaces PEFT's vanilla LoRA branch per layer and reads the layer's internals."""
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    s = src(LoraLinear.forward)
+    assert "if active_adapter not in self.lora_variant:  # vanilla LoRA" in s and (
+        "result = result + lora_B(lora_A(dropout(x))) * scaling" in s), (
+        f"peft=={PEFT_PIN} pinned; LoRA Linear.forward no longer computes base(x) + B(A(dropout(x))) * scaling: "
+        "talkmethods.training.patches._lora_forward would fuse another sum")
+    assert "x = self._cast_input_dtype(x, lora_A.weight.dtype)" in s, (
+        f"peft=={PEFT_PIN} pinned; LoRA Linear.forward no longer casts the input to the adapter's dtype")
+    layer = next(m for m in get_peft_model(torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)),
+                                           LoraConfig(r=2, lora_alpha=4, target_modules=["0"])).modules()
+                 if type(m) is LoraLinear)
+    missing = [n for n in ("lora_A", "lora_B", "scaling", "lora_dropout", "lora_variant", "active_adapters", "merged",
+                           "disable_adapters", "base_layer") if not hasattr(layer, n)]
+    assert not missing, f"peft=={PEFT_PIN} pinned; LoRA Linear layers no longer have {missing}"
+
+
 # ----------------------------------------------------------------- our config and our batch
 
 
@@ -229,20 +277,20 @@ def test_peft_lora_supports_mixed_adapter_batches():
 def built(tmp_path_factory, one_torch_thread):
     """A TalkTrainer from build_trainer, with the GRPOConfig kwargs it passed."""
     passed = {}
-    real = trainer_mod.GRPOConfig
+    real = build_mod.GRPOConfig
 
     def recording(**kwargs):
         passed.update(kwargs)
         return real(**kwargs)
 
-    trainer_mod.GRPOConfig = recording
+    build_mod.GRPOConfig = recording
     try:
         cfg = TrainConfig(arm="mixed", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=8,
                           learning_rate=3e-4, sampling=Sampling(max_new_tokens=4), save_every=1000)
         trainer = build_trainer(cfg, tiny_problems(8), tmp_path_factory.mktemp("contract"),
                                 judge=lambda turn, problem: turn.completion_ids[0] % 2 == 0)
     finally:
-        trainer_mod.GRPOConfig = real
+        build_mod.GRPOConfig = real
     return trainer, passed
 
 
@@ -285,7 +333,7 @@ def test_lora_input_uncast_changes_no_number_under_bf16_autocast():
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     from talkmethods.models import ModelSpec, load_model
-    from talkmethods.trainer import lora_inputs_uncast
+    from talkmethods.training.patches import lora_inputs_uncast
 
     torch.manual_seed(0)
     model = get_peft_model(load_model(ModelSpec("offline-tiny-qwen2"), torch.bfloat16),
@@ -313,7 +361,8 @@ def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16(
     from peft import LoraConfig, get_peft_model
 
     from talkmethods.models import ModelSpec, load_model
-    from talkmethods.trainer import LORA_TARGETS, fuse_lora_adds
+    from talkmethods.training.build import LORA_TARGETS
+    from talkmethods.training.patches import fuse_lora_adds
 
     torch.manual_seed(0)
     base = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
@@ -350,3 +399,46 @@ def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16(
     assert (got - want).abs().max().item() <= 2 * 2.0 ** -7 * want.abs().max().item()  # a bf16 ulp or two
     with torch.no_grad(), got_model.disable_adapter():  # PEFT's own path: the adapter is off
         assert torch.equal(got_model(ids).logits, base(ids).logits)
+
+
+IMPORT_THEN_BUILD = """
+import sys
+sys.path.insert(0, sys.argv[1])  # tests/, for conftest
+import peft.helpers, peft.tuners.lora.layer as lora_layer, transformers.trainer as hf_trainer
+import trl.trainer.grpo_trainer as grpo, trl.trainer.utils as trl_utils
+from trl.kernels.chunked_logprob import _use_triton as original
+
+def snapshot():
+    owners = (trl_utils, grpo, hf_trainer, peft.helpers, lora_layer, grpo.GRPOTrainer, hf_trainer.Trainer,
+              lora_layer.Linear, trl_utils.RepeatSampler)
+    return {(repr(o), k): id(v) for o in owners for k, v in vars(o).items() if not k.startswith("__")}
+
+before = snapshot()
+import talkmethods.stages, talkmethods.warmstart
+import talkmethods.training.build, talkmethods.training.patches, talkmethods.training.rows, talkmethods.training.runs
+import talkmethods.training.trainer
+changed = sorted(k for k, v in snapshot().items() if before.get(k) != v)
+assert not changed, f"importing talkmethods.training patched {changed}"
+assert trl_utils._use_triton is original
+
+from conftest import tiny_problems
+from talkmethods.engines.sampling import Sampling
+from talkmethods.models import ModelSpec
+from talkmethods.training.build import TrainConfig, build_trainer
+
+cfg = TrainConfig(arm="grpo", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=2,
+                  sampling=Sampling(max_new_tokens=2), save_every=1000)
+trainer = build_trainer(cfg, tiny_problems(2), sys.argv[2])
+assert trl_utils._use_triton is not original and trl_utils._use_triton._talkmethods, "build_trainer did not patch TRL"
+fused = [m for m in trainer.model.modules() if type(m) is lora_layer.Linear and "forward" in vars(m)]
+assert len(fused) == trainer.lora_layers_fused > 0, (len(fused), trainer.lora_layers_fused)
+assert "forward" in vars(lora_layer.Linear) and not hasattr(lora_layer.Linear.forward, "__self__"), "PEFT's class is untouched"
+print("ok", len(fused))
+"""
+
+
+def test_importing_talkmethods_training_patches_nothing(tmp_path):
+    """No patch at import: TRL, PEFT and transformers are as shipped until build_trainer applies them (a fresh process)."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_THEN_BUILD, str(Path(__file__).parent), str(tmp_path)],
+                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-3000:]

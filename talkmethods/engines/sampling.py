@@ -1,19 +1,38 @@
-"""Rollout engines: an eager decode loop beside the reference ``model.generate`` path, and the sampler.
+"""The sampling settings and the sampling rule every rollout engine shares (imports torch only).
 
-``LoopGenerator`` runs prefill once, then one forward per new token over a KV cache, and samples on
-the device by inverse CDF (``searchsorted`` over the cumulative probabilities) instead of
-``torch.multinomial``, which dominates decode time on a CPU at Qwen's 151,936-token vocabulary.
-Top-k is applied before top-p so that eval sampling (top-k 20, top-p 0.8) never sorts the vocabulary.
-Select an engine with ``train.engine`` / ``eval.engine``: ``fast`` (default; ``fastdecode.py``: merged
-weights, static KV cache, CUDA graphs), ``loop`` (this decode loop over the live model) or ``plain``.
+``Sampling`` is one rollout's settings. The rule draws a token per row by inverse CDF (``searchsorted``
+over the cumulative probabilities) from uniforms drawn up front, instead of ``torch.multinomial``,
+which dominates decode time on a CPU at Qwen's 151,936-token vocabulary. Top-k is applied before
+top-p so that eval sampling (top-k 20, top-p 0.8) never sorts the vocabulary; long rows are searched
+in 128-token blocks. It returns each token's log-prob under ``softmax(logits / T)``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from talkmethods.rollout import BASE_ADAPTER, PlainGenerator, Sampling, refuse_repetition_penalty
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings of one rollout."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_tokens: int = 2048
+    repetition_penalty: float = 1.0  # 1.0 = none; only the plain engine applies another value
+
+
+def refuse_repetition_penalty(sampling: Sampling, engine: str) -> None:
+    """The loop and fast engines sample from softmax(logits / T) with top-k/top-p only: refuse a penalty they would drop."""
+    if sampling.repetition_penalty != 1.0:
+        raise ValueError(f"the {engine} engine applies no repetition penalty (got {sampling.repetition_penalty}): "
+                         "set it to 1.0, or use the plain engine")
+
 
 CDF_BLOCK = 128  # long rows are searched in blocks: the inverse CDF and the top-k (see below)
 
@@ -92,59 +111,3 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last token with mass (rounding guard)
     j = torch.minimum(torch.searchsorted(inner, rest), last)
     return (blk * CDF_BLOCK + j).clamp_(max=width - 1)
-
-
-class LoopGenerator(PlainGenerator):
-    """Batched decode loop over a KV cache; same interface and trimming as ``PlainGenerator``."""
-
-    def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
-        refuse_repetition_penalty(sampling, "loop")
-        is_peft = hasattr(self.model, "disable_adapter")
-        if not is_peft and any(adapter_on):
-            raise ValueError("adapter requested but the model has no adapter")
-        if is_peft and not any(adapter_on):
-            with self.model.disable_adapter():
-                return self._decode(prompts, [True] * len(prompts), sampling, peft_mixed=False)
-        # PEFT's per-row adapter routing splits every layer's batch: only pay for it in a mixed batch
-        return self._decode(prompts, adapter_on, sampling, peft_mixed=is_peft and not all(adapter_on))
-
-    def _decode(self, prompts, adapter_on, sampling: Sampling, peft_mixed: bool) -> list[list[int]]:
-        from transformers import DynamicCache
-
-        ids, mask = self.left_pad(prompts)
-        n, device = ids.size(0), ids.device
-        extra = {"adapter_names": ["default" if on else BASE_ADAPTER for on in adapter_on]} if peft_mixed else {}
-        eos = torch.tensor(self.eos_ids, device=device)
-        cache = DynamicCache()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1, **extra)
-        done = torch.zeros(n, dtype=torch.bool, device=device)
-        tokens, logps = [], []
-        pos = positions[:, -1:]
-        for _ in range(sampling.max_new_tokens):
-            u = torch.rand(n, device=device)
-            nxt, logp = sample_with_logprob(out.logits[:, -1, :], sampling.temperature, sampling.top_k, sampling.top_p, u)
-            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
-            tokens.append(nxt)
-            logps.append(logp)
-            done |= torch.isin(nxt, eos)
-            if bool(done.all()):
-                break
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-            pos = pos + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-                             use_cache=True, logits_to_keep=1, **extra)
-        trimmed = self._trim(torch.stack(tokens, dim=1))
-        lps = torch.stack(logps, dim=1).tolist()
-        self.last_logprobs = [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
-        return trimmed
-
-
-def _fast(model, tokenizer):
-    from talkmethods.fastdecode import FastGenerator
-
-    return FastGenerator(model, tokenizer)
-
-
-ENGINES = {"plain": PlainGenerator, "loop": LoopGenerator, "fast": _fast}

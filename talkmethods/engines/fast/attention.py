@@ -2,10 +2,10 @@
 
 One new token per row attends to the cache columns ``[pad_start, col)`` plus itself, minus an optional
 per-row hole ``[hole_lo, hole_hi)`` (a reused prompt prefix, then stale columns, then the new turn's
-prompt: ``fastdecode``'s prefix reuse). The kernel
-also writes the token's K/V into column ``col``, so a layer's attention is one launch where the
-cuDNN form needed a cache write (two ``index_copy``), a mask conversion and the fused kernel, and
-it reads only the columns in use (the cuDNN form reads the whole 256-rounded bucket).
+prompt: the fast engine's prefix reuse, ``generator``). The kernel also writes the token's K/V into
+column ``col``, so a layer's attention is one launch where the cuDNN form needed a cache write (two
+``index_copy``), a mask conversion and the fused kernel, and it reads only the columns in use (the
+cuDNN form reads the whole 256-rounded bucket).
 
 Work is split over ``(row, kv head, split)`` programs: at batch 32 there are only 64 (row, head)
 pairs for 132 SMs, so each pair's columns are cut into ``splits`` chunks whose partial softmax

@@ -1,10 +1,10 @@
-"""The decode step's sampler for plain sampling (temperature only) as two Triton kernels.
+"""The fast engine's sampler: plain sampling (temperature only) as two Triton kernels, else the torch rule.
 
-``engine.sample_with_logprob`` draws a token per row by inverse CDF and returns its log-prob under
-``softmax(logits / T)``. In torch that is ~25 launches a decode step (an fp32 copy of the logits, a
-softmax, block sums, two cumulative sums and searches, a log-sum-exp, gathers): on an H200 at batch
-32, 0.18 ms of a 2.10 ms step; these two kernels take 9 µs (docs/speed_h200.md). Here, for the
-rule the training rollouts use (no top-k, no top-p):
+``engines.sampling.sample_with_logprob`` draws a token per row by inverse CDF and returns its
+log-prob under ``softmax(logits / T)``. In torch that is ~25 launches a decode step (an fp32 copy of
+the logits, a softmax, block sums, two cumulative sums and searches, a log-sum-exp, gathers): on an
+H200 at batch 32, 0.18 ms of a 2.10 ms step; these two kernels take 9 µs (docs/speed_h200.md).
+Here, for the rule the training rollouts use (no top-k, no top-p):
 
 1. ``_chunk_stats``, a program per (row, chunk of ``CHUNK`` logits): the chunk's max and its sum of
    ``exp(x - max)``;
@@ -12,16 +12,18 @@ rule the training rollouts use (no top-k, no top-p):
    chunk where the cumulative mass reaches ``u`` × total and the token inside it, and writes the
    token and its log-prob.
 
-The same rule as ``engine.pick_token`` (the first token whose cumulative mass reaches ``u`` × total),
-summed in another order; a token with no mass is never picked. Only the GPU runs it; the tests run it
-under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) against ``engine``.
+The same rule as ``engines.sampling.pick_token`` (the first token whose cumulative mass reaches
+``u`` × total), summed in another order; a token with no mass is never picked. Only the GPU runs it;
+the tests run it under Triton's interpreter on the CPU (``TRITON_INTERPRET=1``) against the torch
+rule. ``sample`` picks the kernels where they apply (``handles``) and the torch rule elsewhere.
 """
 
 from __future__ import annotations
 
 import torch
 
-from talkmethods import decode_attention
+from talkmethods.engines import sampling
+from talkmethods.engines.fast import attention
 
 try:
     import triton
@@ -34,7 +36,7 @@ CHUNK = 2048  # logits a first-pass program reads; the second pass scans one chu
 
 def handles(device: torch.device, top_k: int, top_p: float, vocab: int) -> bool:
     """Whether this sampler applies: Triton on ``device`` and plain sampling (no top-k, no top-p)."""
-    return decode_attention.available(device) and (top_k == 0 or top_k >= vocab) and top_p >= 1.0
+    return attention.available(device) and (top_k == 0 or top_k >= vocab) and top_p >= 1.0
 
 
 if triton is not None:
@@ -75,10 +77,10 @@ if triton is not None:
 
 
 def sample_with_logprob(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``engine.sample_with_logprob(logits, temperature, 0, 1.0, u)``: (B,) tokens (int64) and log-probs (fp32)."""
+    """``sampling.sample_with_logprob(logits, temperature, 0, 1.0, u)``: (B,) tokens (int64) and log-probs (fp32)."""
     rows, vocab = logits.shape
     if logits.stride(1) != 1 or u.shape != (rows,):
-        raise ValueError("decode_sampling takes (rows, vocab) logits with the vocab contiguous and a uniform per row")
+        raise ValueError("the Triton sampler takes (rows, vocab) logits with the vocab contiguous and a uniform per row")
     chunks = -(-vocab // CHUNK)
     stats = torch.empty(rows, chunks, 2, dtype=torch.float32, device=logits.device)
     tok = torch.empty(rows, dtype=torch.long, device=logits.device)
@@ -87,3 +89,10 @@ def sample_with_logprob(logits: torch.Tensor, temperature: float, u: torch.Tenso
     _pick[(rows,)](logits, stats, u, tok, logp, vocab, logits.stride(0), float(temperature), chunks,
                    CHUNK=CHUNK, NCP=max(16, triton.next_power_of_2(chunks)))
     return tok, logp
+
+
+def sample(logits: torch.Tensor, u: torch.Tensor, settings: sampling.Sampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sampling.sample_with_logprob`` under ``settings``; plain sampling through the two kernels where they run."""
+    if handles(logits.device, settings.top_k, settings.top_p, logits.size(-1)):
+        return sample_with_logprob(logits, settings.temperature, u)
+    return sampling.sample_with_logprob(logits, settings.temperature, settings.top_k, settings.top_p, u)

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 
 KERNEL_CHECK = """
 import torch
-from talkmethods import decode_attention as da
+from talkmethods.engines.fast import attention as da
 torch.manual_seed(0)
 worst = 0.0
 # (rows, kv heads, group, head dim, cache columns, col, splits): several splits, one split, splits
@@ -60,10 +60,11 @@ print("MAXDIFF", worst)
 
 ENGINE_CHECK = """
 import torch
-from tests.test_fastdecode import _lora, _logprobs_at_temperature, _prompts, GREEDY
-from talkmethods.fastdecode import FastGenerator
+from tests.test_fast_engine import _lora, _logprobs_at_temperature, _prompts, GREEDY
+from talkmethods.engines.fast import FastGenerator
+from talkmethods.engines.plain import PlainGenerator
+from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec, load_model, load_tokenizer
-from talkmethods.rollout import PlainGenerator, Sampling
 torch.set_num_threads(1)
 tok = load_tokenizer(ModelSpec("offline-tiny-qwen2"))
 model = _lora(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32))
@@ -85,7 +86,7 @@ print("GREEDY", got == want, "LOGPDIFF", diff)
 compiled = FastGenerator(model, tok, graphs=False, compile=True, attention="triton")
 print("COMPILED", compiled.generate(prompts, on, GREEDY) == want)
 # chats whose seats continue their cached turns (holes of several sizes) are generate's chats
-from tests.test_fastdecode import _play_both
+from tests.test_fast_engine import _play_both
 probe = _play_both(model, tok, attention="triton")[1]
 lane, chats, plain = _play_both(model, tok, stop=probe[0].turns[0].completion_ids[3], attention="triton")
 print("LANES", [[t.completion_ids for t in c.turns] for c in chats] == [[t.completion_ids for t in c.turns] for c in plain],
@@ -115,7 +116,7 @@ def test_engine_with_the_kernel_gives_generate_tokens_and_the_log_probs_of_a_for
 
 
 def test_split_count_fills_the_gpu_and_never_exceeds_the_column_blocks():
-    from talkmethods.decode_attention import BLOCK_N, PROGRAMS_PER_SM, split_count
+    from talkmethods.engines.fast.attention import BLOCK_N, PROGRAMS_PER_SM, split_count
 
     assert split_count(32, 2, 1024, 132) * 64 >= PROGRAMS_PER_SM * 132  # batch 32: enough programs for 132 SMs
     assert split_count(640, 2, 1024, 132) == 1  # batch 640 fills the GPU by itself

@@ -1,13 +1,15 @@
-"""The decode-loop engine against the reference ``model.generate`` path, and its sampler."""
+"""The engines package: the decode-loop engine against the reference ``model.generate`` path, the
+shared sampling rule, and the registry (the fast engine is imported only when asked for)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from talkmethods.engine import LoopGenerator, sample_with_logprob
+from talkmethods.engines.loop import LoopGenerator
+from talkmethods.engines.plain import PlainGenerator
+from talkmethods.engines.sampling import Sampling, sample_with_logprob
 from talkmethods.models import ModelSpec, load_model
-from talkmethods.rollout import PlainGenerator, Sampling
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GREEDY = Sampling(max_new_tokens=10, top_k=1)
@@ -77,7 +79,7 @@ def test_sampling_frequencies_follow_the_softmax():
 @pytest.mark.parametrize("width", [151_936, 151_937, 100])
 def test_inverse_cdf_in_two_levels_is_the_flat_rule(width):
     """Block sums then one block's cumulative sum pick the same index as one flat cumulative sum."""
-    from talkmethods.engine import _inverse_cdf
+    from talkmethods.engines.sampling import _inverse_cdf
 
     g = torch.Generator().manual_seed(width)
     for _ in range(3):
@@ -105,7 +107,7 @@ def test_full_vocabulary_sampling_follows_the_softmax():
 
 @pytest.mark.parametrize("width", [151_936, 151_937, 3000])
 def test_top_k_through_blocks_is_torch_topk(width):
-    from talkmethods.engine import top_k_of
+    from talkmethods.engines.sampling import top_k_of
 
     g = torch.Generator().manual_seed(width)
     x = torch.randn(24, width, generator=g)
@@ -144,8 +146,33 @@ def test_plain_samples_as_configured_not_as_the_checkpoint_says(peft_model, qwen
 
 @pytest.mark.parametrize("engine", ["loop", "fast"])
 def test_engines_without_a_repetition_penalty_refuse_one(peft_model, qwen_tokenizer, engine):
-    from talkmethods.engine import ENGINES
+    from talkmethods.engines import ENGINES
 
     gen = ENGINES[engine](peft_model, qwen_tokenizer)
     with pytest.raises(ValueError, match=f"the {engine} engine applies no repetition penalty"):
         gen.generate(_prompts(qwen_tokenizer, 2), [True, True], Sampling(max_new_tokens=2, repetition_penalty=1.05))
+
+
+def test_the_registry_imports_the_fast_engine_only_when_asked_for():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, talkmethods.engines, talkmethods.rollout; "
+            "print(sorted(m for m in sys.modules if m.startswith('talkmethods.engines.fast')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("engine", ["plain", "loop", "fast"])
+def test_every_engine_has_what_the_rollout_reads(peft_model, qwen_tokenizer, engine):
+    """The ``Generator`` protocol's attributes, with the values ``play_chats`` used to assume when absent."""
+    from talkmethods.engines import ENGINES, Generator
+
+    gen = ENGINES[engine](peft_model, qwen_tokenizer)
+    for name in Generator.__annotations__:
+        assert hasattr(gen, name), name
+    assert gen.reuses_turns is (engine == "fast") and gen.last_logprobs is None
+    assert set(gen.eos_ids) == {qwen_tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    assert callable(gen.sync_weights) and callable(gen.generate)

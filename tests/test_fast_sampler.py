@@ -1,17 +1,17 @@
-"""The decode step's Triton sampler, run by Triton's interpreter on the CPU, against ``engine``'s rule."""
+"""The fast engine's Triton sampler, run by Triton's interpreter on the CPU, against the torch sampling rule."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.test_decode_attention import _interpret
+from tests.test_fast_attention import _interpret
 
 pytest.importorskip("triton")
 
 SAMPLER_CHECK = """
 import torch
-from talkmethods import decode_sampling as ds
-from talkmethods.engine import pick_token
+from talkmethods.engines.fast import sampler as ds
+from talkmethods.engines.sampling import pick_token
 torch.manual_seed(0)
 picked = skipped = 0
 worst = 0.0
@@ -52,7 +52,7 @@ def test_sampler_picks_the_inverse_cdf_token_and_its_log_prob():
 
 def test_sampler_applies_only_to_plain_sampling():
     torch = pytest.importorskip("torch")
-    from talkmethods import decode_sampling as ds
+    from talkmethods.engines.fast import sampler as ds
 
     gpu_or_interpreter = ds.handles(torch.device("cuda"), 0, 1.0, 100)
     assert not ds.handles(torch.device("cuda"), 20, 1.0, 100)

@@ -1,0 +1,42 @@
+"""The rollout engines behind ``train.engine`` / ``eval.engine``, and the interface the rollout uses.
+
+``fast`` (the default; ``engines.fast``: merged weights, a static KV cache, CUDA graphs), ``loop``
+(an eager decode loop over the live model, ``engines.loop``) or ``plain`` (``model.generate``,
+``engines.plain``). ``ENGINES`` maps each name to a factory ``(model, tokenizer) -> Generator``; the
+fast engine's modules (Triton kernels, compiled maths) are imported only when it is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from talkmethods.engines.loop import LoopGenerator
+from talkmethods.engines.plain import PlainGenerator
+from talkmethods.engines.sampling import Sampling
+
+
+class Generator(Protocol):
+    """What ``rollout.play_chats`` and the trainer use of an engine."""
+
+    eos_ids: list[int]  # stop tokens: a completion ends with the first; a seat's next prompt drops it
+    reuses_turns: bool  # ``generate`` continues a lane's cached K/V: ``play_chats`` names each seat's lane
+    last_logprobs: list[list[float]] | None  # the last call's per-token log-probs, from an engine that scores them
+
+    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling,
+                 lane: str | None = None) -> list[list[int]]:
+        """One completion per prompt, token ids up to and including the first stop token."""
+        ...
+
+    def sync_weights(self) -> None:
+        """Take up the model's current weights (the trainer calls it after each optimizer step)."""
+        ...
+
+
+def _fast(model, tokenizer) -> Generator:
+    from talkmethods.engines.fast import FastGenerator
+
+    return FastGenerator(model, tokenizer)
+
+
+ENGINES: dict[str, Callable[..., Generator]] = {"plain": PlainGenerator, "loop": LoopGenerator, "fast": _fast}

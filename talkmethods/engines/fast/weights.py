@@ -1,0 +1,102 @@
+"""The fast engine's weights: a fused inference copy of a Qwen2 policy, the LoRA adapter folded in.
+
+``FusedWeights`` holds, per layer, q/k/v and gate/up fused into one matrix each with ``W + s·B·A``
+merged in (or the base weights, for base-seat turns), rewritten in place by ``refresh`` after each
+optimizer step so that captured CUDA graphs keep reading the same addresses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ADAPTER = "default"  # PEFT's name of the adapter the policy trains
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The shapes of a Qwen2 model that the maths needs, read from its HF config."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+    @classmethod
+    def of(cls, config) -> "Arch":
+        if getattr(config, "model_type", None) not in ("qwen2",):
+            raise ValueError(f"the fast engine runs Qwen2-architecture models, not {config.model_type!r}: set train.engine and eval.engine to loop")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, head_dim,
+                   config.rms_norm_eps)
+
+
+def _base_model(model):
+    """The HF CausalLM under a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _effective_weight(linear, adapter: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (weight, bias) a possibly-LoRA Linear applies, the adapter folded in when ``adapter``."""
+    if not hasattr(linear, "base_layer"):
+        return linear.weight, linear.bias
+    base = linear.base_layer
+    weight = base.weight
+    if adapter and ADAPTER in linear.lora_A:
+        if linear.use_dora.get(ADAPTER, False):
+            raise ValueError("the fast engine does not merge DoRA adapters: set train.engine and eval.engine to loop")
+        a = linear.lora_A[ADAPTER].weight.float()
+        b = linear.lora_B[ADAPTER].weight.float()
+        weight = (weight.float() + (b @ a) * linear.scaling[ADAPTER]).to(weight.dtype)
+    return weight, base.bias
+
+
+class FusedWeights:
+    """One fused inference copy of the policy's weights, with or without the adapter.
+
+    Per layer: ``[in_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w]``; then ``[norm, embed, lm_head]``.
+    Norms and embeddings are the model's own tensors (LoRA does not touch them); the fused matrices are
+    owned here and rewritten in place by ``refresh`` so that captured CUDA graphs keep their addresses.
+    """
+
+    def __init__(self, model, adapter: bool):
+        self.model, self.adapter = model, adapter
+        hf = _base_model(model)
+        self.arch = Arch.of(hf.config)
+        self.tensors: list[torch.Tensor] = []
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                att, mlp = layer.self_attn, layer.mlp
+                qkv_w, qkv_b = self._cat([att.q_proj, att.k_proj, att.v_proj])
+                gu_w, _ = self._cat([mlp.gate_proj, mlp.up_proj])
+                self.tensors += [layer.input_layernorm.weight, qkv_w, qkv_b,
+                                 _effective_weight(att.o_proj, adapter)[0].clone(),
+                                 layer.post_attention_layernorm.weight, gu_w,
+                                 _effective_weight(mlp.down_proj, adapter)[0].clone()]
+            self.tensors += [hf.model.norm.weight, hf.model.embed_tokens.weight, hf.lm_head.weight]
+        rope = hf.model.rotary_emb
+        self.inv_freq = rope.inv_freq.float().clone()
+        self.rope_scale = float(getattr(rope, "attention_scaling", 1.0))
+
+    def _cat(self, linears) -> tuple[torch.Tensor, torch.Tensor]:
+        ws, bs = zip(*(_effective_weight(lin, self.adapter) for lin in linears), strict=True)
+        w = torch.cat(ws, 0)
+        b = torch.cat([bb if bb is not None else torch.zeros(ww.size(0), dtype=ww.dtype, device=ww.device)
+                       for ww, bb in zip(ws, bs, strict=True)])
+        return w, b
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rewrite the fused matrices from the model's current weights (in place)."""
+        hf = _base_model(self.model)
+        for i, layer in enumerate(hf.model.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            t = self.tensors[7 * i : 7 * i + 7]
+            w, b = self._cat([att.q_proj, att.k_proj, att.v_proj])
+            t[1].copy_(w)
+            t[2].copy_(b)
+            t[3].copy_(_effective_weight(att.o_proj, self.adapter)[0])
+            t[5].copy_(self._cat([mlp.gate_proj, mlp.up_proj])[0])
+            t[6].copy_(_effective_weight(mlp.down_proj, self.adapter)[0])

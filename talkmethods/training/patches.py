@@ -1,0 +1,155 @@
+"""Every change talkmethods makes to TRL's and PEFT's own code paths, in one file; none at import time.
+
+Importing this module (or any of ``talkmethods.training``) changes nothing in TRL, PEFT or
+transformers (tests/test_trl_contract.py::test_importing_talkmethods_training_patches_nothing).
+Each patch leans on a library internal that a contract test pins, named in its docstring, so a TRL
+or PEFT upgrade fails there with a message instead of silently doing something else.
+
+Applied once, by ``apply_patches(model)``, which ``build.build_trainer`` calls on the built trainer's model:
+
+- ``score_only_valid_positions_on_cpu``: TRL's fused LM head scores only the loss positions on a CPU too
+  (process-wide; the warm start's SFT calls it as well).
+- ``fuse_lora_adds``: the model's LoRA linear layers get a leaner forward (this model only).
+
+Applied per call by ``TalkTrainer``'s overrides (``training.trainer``), undone when the call ends:
+
+- ``lora_inputs_uncast`` (``compute_loss``): PEFT does not cast LoRA inputs to fp32 under bf16 autocast.
+- ``unscored_labels_hook`` (``compute_loss``): the partner's reply in a packed row is not projected by the head.
+- ``replayable`` (``_get_train_sampler``): TRL's sampler replays its shuffle to any epoch (resume).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def apply_patches(model) -> int:
+    """Apply the run-wide patches for training ``model``; returns how many LoRA layers were fused."""
+    score_only_valid_positions_on_cpu()
+    return fuse_lora_adds(model)
+
+
+def score_only_valid_positions_on_cpu() -> None:
+    """Let TRL's fused LM head score only the completion tokens on a CPU too.
+
+    Off Triton, ``trl.trainer.utils._fused_forward`` scores every position (prompt included) so that
+    tile shapes stay fixed for compilers such as Neuron's; in eager CPU mode nothing recompiles, and
+    scoring only the valid positions is the same maths at a fraction of the cost. Replaces
+    ``trl.trainer.utils._use_triton`` (process-wide, idempotent).
+
+    Contract: tests/test_trl_contract.py::test_fused_forward_looks_up_use_triton_at_call_time.
+    """
+    import trl.trainer.utils as trl_utils
+
+    triton_check = trl_utils._use_triton
+    if getattr(triton_check, "_talkmethods", False):
+        return
+
+    def compact(device: torch.device) -> bool:
+        return device.type == "cpu" or triton_check(device)
+
+    compact._talkmethods = True
+    trl_utils._use_triton = compact
+
+
+def unscored_labels_hook(scored: torch.Tensor | None):
+    """A forward pre-hook: the partner's reply inside a packed row gets label -100, so it is not scored.
+
+    TRL labels every attended completion token and its fused LM head projects every labelled
+    position onto the 151,936-token vocabulary; the reply's positions are attended but outside the
+    loss (``tool_mask`` 0), so projecting them only costs (a third of the head's work in a packed
+    step). Their log-probs come back 0 and the loss masks them either way.
+
+    Contract: tests/test_trl_contract.py::test_logps_come_from_the_fused_head_with_labels_as_a_keyword.
+    """
+
+    def hook(module, args, kwargs):
+        labels = kwargs.get("labels")
+        if scored is None or labels is None or not kwargs.get("fused_lm_head") or labels.size(0) != scored.size(0):
+            return None
+        labels = labels.clone()
+        labels[:, labels.size(1) - scored.size(1) :].masked_fill_(scored == 0, -100)
+        kwargs["labels"] = labels
+        return args, kwargs
+
+    return hook
+
+
+def lora_inputs_uncast(model, autocast_bf16: bool):
+    """Under bf16 autocast, stop PEFT casting each LoRA layer's input to the adapter's fp32.
+
+    PEFT keeps the adapter in fp32 and casts every LoRA input up to it (a full activation copy per
+    layer, forward and backward); autocast then casts it straight back to bf16 for the matmul, so the
+    round trip changes no number but cost ~0.4 s of each 128-row step on an H200. Without autocast
+    (CPU, fp32) nothing is cast either way.
+
+    Contract: tests/test_trl_contract.py::test_lora_input_uncast_changes_no_number_under_bf16_autocast.
+    """
+    from peft.helpers import disable_input_dtype_casting
+
+    return disable_input_dtype_casting(model, active=autocast_bf16)
+
+
+def _lora_forward(self, x, *args, **kwargs):
+    """PEFT's vanilla LoRA forward, ``base(x) + s·B(A(x))``, with the scaling applied to the r-wide
+    ``A(x)`` and the add fused into the B product (``addmm``): two full-width elementwise passes a layer
+    fewer, forward and backward. Anything but a plain single-adapter call goes to PEFT's own forward.
+    """
+    name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
+    if (args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A
+            or name in self.lora_variant or not isinstance(self.lora_dropout[name], torch.nn.Identity)
+            # without autocast addmm needs one dtype (PEFT's forward casts the input to the adapter's)
+            or not (torch.is_autocast_enabled(x.device.type) or x.dtype == self.lora_A[name].weight.dtype
+                    == self.lora_B[name].weight.dtype == self.base_layer.weight.dtype)):
+        return type(self).forward(self, x, *args, **kwargs)
+    result = self.base_layer(x)
+    h = self.lora_A[name](x) * self.scaling[name]
+    b = self.lora_B[name].weight
+    flat = torch.addmm(result.reshape(-1, result.size(-1)), h.reshape(-1, h.size(-1)), b.t())
+    return flat.view(result.shape).to(result.dtype)
+
+
+def fuse_lora_adds(model) -> int:
+    """Give every vanilla LoRA linear layer of ``model`` the fused forward above; returns how many.
+
+    The same sum as PEFT's (its scaling, 2 in the recipe, is a power of two, so moving it is exact); the
+    fused add rounds once where PEFT rounds the LoRA product and then the sum, a bf16 ulp at most.
+    Measured on an H200, PEFT's scaling and add passes took ~0.24 s of a 128-row step. Sets ``forward``
+    on each layer instance; PEFT's ``Linear`` class is untouched.
+
+    Contract: tests/test_trl_contract.py::test_peft_lora_linear_forward_is_the_sum_fuse_lora_adds_fuses (the
+    internals read) and ::test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16 (the numbers).
+    """
+    from types import MethodType
+
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    n = 0
+    for module in model.modules():
+        if type(module) is LoraLinear and "forward" not in vars(module) and module.lora_B:
+            if all(m.bias is None for m in module.lora_B.values()):
+                module.forward = MethodType(_lora_forward, module)
+                n += 1
+    return n
+
+
+def replayable(sampler):
+    """Give TRL's RepeatSampler a ``set_epoch`` that replays its shuffle generator to that epoch's start.
+
+    The sampler draws one ``randperm`` per epoch from its own generator, seeded once with args.seed; HF's
+    rng_state.pth holds only the global RNGs, so a resumed process restarts that generator and, from the
+    2nd pass over the problems on, would deal them in the 1st pass's order. Trainer calls ``set_epoch``
+    before every epoch (through accelerate's DataLoaderShard), resumed or not: an uninterrupted run keeps
+    exactly its order, and a resumed one gets the same.
+
+    Contract: tests/test_trl_contract.py::test_repeat_sampler_shuffles_once_an_epoch_and_trainer_sets_the_epoch
+    (behaviour: tests/test_reliability.py::test_sampler_order_depends_only_on_seed_and_epoch).
+    """
+    if getattr(sampler, "shuffle", False) and getattr(sampler, "seed", None) is not None:
+        def set_epoch(epoch: int) -> None:
+            sampler.generator.manual_seed(sampler.seed)
+            for _ in range(epoch):
+                torch.randperm(sampler.num_samples, generator=sampler.generator)
+
+        sampler.set_epoch = set_epoch
+    return sampler

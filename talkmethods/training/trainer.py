@@ -1,0 +1,202 @@
+"""The trainer: TRL's GRPOTrainer for two seats that talk (``TalkTrainer``).
+
+TRL keeps the loss (``dapo``: token sum over the generation batch), the optimizer loop, logging,
+checkpoints and LoRA (through ``peft_config``). The rows it trains on are built in ``training.rows``,
+the TRL/PEFT patches sit in ``training.patches``, and ``training.build`` makes a TalkTrainer from a
+TrainConfig.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+from trl import GRPOTrainer
+
+from talkmethods.credit import ARM_PLANS, CREDIT_RULES, draw_with_replays, seat_plan
+from talkmethods.engines.plain import PlainGenerator
+from talkmethods.engines.sampling import Sampling
+from talkmethods.rollout import Chat, Turn, judge_by_gold, play_chats
+from talkmethods.training.patches import lora_inputs_uncast, replayable, unscored_labels_hook
+from talkmethods.training.rows import EMPTY_TURN, ROW_KEYS, Row, group_by_length, pad_rows, to_rows, width_step_for
+
+log = logging.getLogger(__name__)
+
+# KL(rollout || trainer) per sampled token (k3 estimate) above which a step warns that the rollout engine
+# samples from other weights than the ones being trained. Measured on the H200 (bf16, the warm-started
+# toy-world model, GRPO at lr 1e-4, bench/logp_check.py): fresh rollouts 3.1e-5 median, 6.5e-4 at most
+# over 40 steps; rollouts from an adapter k steps old 3.2e-4 (k = 5), 1.0e-3 (k = 10), 2.1e-3 (k = 20).
+# The max |gap| is no test: bf16 rounding of tiny probabilities gave fresh steps gaps of up to 1.65 nats.
+KL_TOLERANCE = 1e-3
+
+
+class TalkTrainer(GRPOTrainer):
+    """GRPOTrainer for two seats that talk. The GRPOTrainer/Trainer methods it overrides, and why:
+
+    - ``__init__``: takes the arm, sampling, judge and rollout engine; refuses an off-policy split.
+    - ``_get_train_sampler``: TRL's shuffle made resumable past the first epoch (``patches.replayable``).
+    - ``_generate_and_score_completions``: plays the arm's chats, applies its credit rule, returns the loss rows.
+    - ``_prepare_inputs``: re-splits TRL's buffered micro-batches by row length (same loss, less padding).
+    - ``compute_loss``: keeps the partner's reply out of the LM head and PEFT's LoRA input casts out of the loss.
+    - ``_get_per_token_logps_and_entropies``: compares the loss's log-probs with the rollout's (stale weights).
+    - ``log``: reports that comparison once a step; stops on non-finite log-probs.
+
+    The TRL internals they rely on are pinned in tests/test_trl_contract.py: the sampler
+    (test_repeat_sampler_shuffles_once_an_epoch_and_trainer_sets_the_epoch), the batch and its split
+    (test_generate_and_score_completions_signature, test_prepare_inputs_*), the loss path
+    (test_loss_scores_through_get_per_token_logps_and_entropies) and the metrics (test_log_merges_the_metrics_dict).
+    """
+
+    def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3, ada_draw_ahead: bool = False,
+                 pack_seats: bool = False, judge: Callable[[Turn, dict], bool] = judge_by_gold, generator_factory=PlainGenerator, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.args.steps_per_generation != self.args.gradient_accumulation_steps:
+            # One optimizer step per generation batch (on-policy): the rows of one rollout are split
+            # into `steps_per_generation` micro-batches whose gradients accumulate into one step.
+            raise ValueError("TalkTrainer needs steps_per_generation == gradient_accumulation_steps")
+        self.arm = arm
+        self.plan = ARM_PLANS[arm]
+        seat_plan(0, self.num_generations, self.plan.base_b_per_4)  # refuse a group size the arm's split does not fit
+        self.credit_rule = CREDIT_RULES[arm]
+        self.sampling = sampling
+        self.ada_max_replays = ada_max_replays
+        self.pack_seats = pack_seats  # a seat's two trained turns as one loss row (see ``to_rows``)
+        self.ada_draw_ahead = ada_draw_ahead  # play every replay round up front in one batch (credit.draw_with_replays)
+        self.judge = judge
+        self.generator_factory = generator_factory
+        self.last_rows = 0
+        self._generator = None
+        self._rollout_logps = None  # the micro-batch's rollout log-probs, while its loss is computed
+        self._scored = None  # and which of its completion tokens are the seat's own (tool_mask)
+        self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
+        self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
+        self.lora_layers_fused = 0  # set by build.build_trainer (patches.apply_patches)
+
+    def _get_train_sampler(self, dataset=None):
+        """TRL's RepeatSampler, resumable past the first epoch (see ``patches.replayable``)."""
+        return replayable(super()._get_train_sampler(dataset))
+
+    def _seats(self, n: int) -> list[tuple[bool, bool]]:
+        """A always trained; within each problem's chats, the arm's share has a base B (``credit.seat_plan``)."""
+        return seat_plan(n, self.num_generations, self.plan.base_b_per_4)
+
+    def _draw_chats(self, problems: list[dict]) -> tuple[list[list[Chat]], dict]:
+        if self._generator is None:  # one engine per run: its compiled graphs and buffers are reused
+            self._generator = self.generator_factory(self.accelerator.unwrap_model(self.model), self.processing_class)
+        generator = self._generator
+        generator.sync_weights()  # the policy after the last optimizer step
+        g = self.num_generations
+        totals = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0, "chats_generated": 0}
+
+        def draw(indices: list[int]) -> list[list[Chat]]:
+            flat = [problems[i] for i in indices for _ in range(g)]
+            chats, stats = play_chats(generator, self.processing_class, flat, self._seats(len(flat)),
+                                      self.sampling, self.judge)
+            for k, v in stats.items():
+                totals[k] = max(totals[k], v) if k == "longest_prompt" else totals[k] + v
+            totals["chats_generated"] += len(chats)  # drawing ahead plays chats the rule may never reach
+            return [chats[j * g : (j + 1) * g] for j in range(len(indices))]
+
+        max_replays = self.ada_max_replays if self.plan.replay else 0
+        by_problem = draw_with_replays(draw, len(problems), per_round=g, max_replays=max_replays,
+                                       reward=lambda c: c.reward, ahead=self.ada_draw_ahead)
+        return by_problem, totals
+
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, torch.Tensor]:
+        g = self.num_generations
+        problems = inputs[::g]  # the sampler repeats each problem num_generations times in a row
+        by_problem, stats = self._draw_chats(problems)
+        rows, first_rewards, zero_adv = [], [], 0
+        for chats in by_problem:
+            credit = self.credit_rule([c.reward for c in chats], [not c.b_adapter for c in chats])
+            kept = [chats[i] for i in credit.kept]
+            rows += to_rows(kept, list(credit.advantages), list(credit.trained_turns), pack=self.pack_seats)
+            zero_adv += all(a == 0 for a in credit.advantages)
+            first_rewards += chats[:g]
+        # split_tensor_dict silently drops rows that do not divide steps_per_generation (DESIGN §2):
+        # pad with empty rows (completion_mask 0), which add nothing to the token-sum loss.
+        n_real = len(rows)
+        n_turns = sum(r.turns for r in rows)
+        rows += [Row.of(EMPTY_TURN, 0.0)] * (-len(rows) % self.args.steps_per_generation)
+        batch = pad_rows(rows, self.processing_class.pad_token_id, self.accelerator.device)
+        batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
+        self.last_rows = n_real
+
+        m = self._metrics["train"]
+        m["talk/reward"].append(sum(c.reward for c in first_rewards) / len(first_rewards))
+        m["talk/both_right"].append(sum(c.reward == 1.0 for c in first_rewards) / len(first_rewards))
+        m["talk/chats_drawn"].append(float(sum(len(c) for c in by_problem)))
+        m["talk/chats_generated"].append(float(stats["chats_generated"]))
+        m["talk/zero_adv_share"].append(zero_adv / len(problems))
+        m["talk/tokens_per_turn"].append(stats["completion_tokens"] / max(stats["turns"], 1))
+        m["talk/rows"].append(float(n_turns))  # trained turns
+        m["talk/loss_rows"].append(float(n_real))  # rows of the loss batch (fewer when seats are packed)
+        m["talk/longest_prompt"].append(float(stats["longest_prompt"]))
+        m["timing/gen_s"].append(stats["gen_s"])
+        return batch
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffering, with the fresh generation batch re-split by length (``group_by_length``)."""
+        spg = self.args.steps_per_generation
+        fresh = self.model.training and (self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None)
+        inputs = super()._prepare_inputs(generation_batch)
+        if fresh and self.group_rows:
+            rows = {k: torch.cat([b[k] for b in self._buffered_inputs]) if k in ROW_KEYS else v
+                    for k, v in self._buffered_inputs[0].items()}
+            self._buffered_inputs = group_by_length(rows, spg, width_step_for(self.accelerator.device))
+            m = self._metrics["train"]
+            m["talk/loss_tokens"].append(float(rows["prompt_mask"].sum() + rows["completion_mask"].sum()))
+            m["talk/loss_tokens_padded"].append(float(sum(b["prompt_ids"].numel() + b["completion_ids"].numel()
+                                                          for b in self._buffered_inputs)))
+            inputs = self._buffered_inputs[self._step % spg]
+        return inputs
+
+    # -- rollout vs trainer log-probs: the rows' log-probs as the engine sampled them, against the loss's own
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        self._rollout_logps = inputs.get("rollout_logps")
+        self._scored = inputs.get("tool_mask")
+        hook = model.register_forward_pre_hook(unscored_labels_hook(self._scored), with_kwargs=True)
+        try:
+            with lora_inputs_uncast(model, self.args.bf16):
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            hook.remove()
+            self._rollout_logps = self._scored = None
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        rollout, self._rollout_logps = self._rollout_logps, None
+        if rollout is not None:
+            valid = attention_mask[:, -logits_to_keep:].bool()
+            if self._scored is not None:  # not the partner's reply inside a packed row
+                valid &= self._scored.bool()
+            delta = (out[0].detach().float() - rollout)[valid]  # log p_trainer - log p_rollout per sampled token
+            diff = delta.abs()
+            if diff.numel():
+                d = self._logp_diff
+                d["max"] = max(d["max"], diff.max().item() if bool(diff.isfinite().all()) else math.inf)
+                d["sum"] += diff.sum().item()
+                d["n"] += diff.numel()
+                # KL(rollout || trainer) from the rollout's own samples, Schulman's k3 estimator
+                # (r - 1) - log r with r = p_trainer / p_rollout: unbiased and never negative.
+                d["kl"] += (torch.expm1(delta) - delta).sum().item()
+        return out
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        d = self._logp_diff
+        if d["n"] and "loss" in logs:  # a training step's log: report its max/mean, then start afresh
+            self._metrics["train"]["talk/logp_diff_max"] = [d["max"]]
+            self._metrics["train"]["talk/logp_diff_mean"] = [d["sum"] / d["n"]]
+            self._metrics["train"]["talk/logp_kl"] = [d["kl"] / d["n"]]
+            if not math.isfinite(d["max"]):
+                raise FloatingPointError("non-finite log-probs in the rollout or the loss: the adapter holds NaN/inf "
+                                         "(a NaN gradient; see CUDNN_NAN_WIDTH); stopping rather than training on noise")
+            if d["kl"] / d["n"] > KL_TOLERANCE:
+                log.warning("KL(rollout || trainer) is %.2e a token (tolerance %.0e; max |log-prob gap| %.2f nats): the "
+                            "rollout engine may be sampling from other weights than the ones being trained",
+                            d["kl"] / d["n"], KL_TOLERANCE, d["max"])
+            self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
+        super().log(logs, start_time)
