@@ -20,7 +20,7 @@ from pathlib import Path
 def run(config: list[str], steps: int, stale: bool, out: Path) -> list[dict]:
     import talkmethods.engines as E
     from talkmethods import config as C
-    from talkmethods.stages import train_stage
+    from talkmethods.training.build import train_stage
 
     if stale:
         fast = E.ENGINES["fast"]

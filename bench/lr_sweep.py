@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def one(args) -> None:
     """Train and evaluate one rate (a child process)."""
     from talkmethods import config as C
-    from talkmethods.stages import eval_stage, train_stage
+    from talkmethods.evaluate import eval_stage, train_stage
 
     cfg = C.load_config(args.config)
     params = C.train_params(cfg, args.arm, 17)

@@ -5,27 +5,7 @@
 rule bench:
     input:
         script=os.path.join(workflow.basedir, "bench", "speed.py"),
-        src=package_src(
-            "engines/__init__",
-            "engines/sampling",
-            "engines/plain",
-            "engines/loop",
-            "engines/fast/__init__",
-            "engines/fast/weights",
-            "engines/fast/qwen2",
-            "engines/fast/generator",
-            "engines/fast/attention",
-            "engines/fast/sampler",
-            "rollout",
-            "training/__init__",
-            "training/build",
-            "training/trainer",
-            "training/rows",
-            "training/patches",
-            "training/runs",
-            "evaluate",
-            "models",
-        ),
+        src=code_inputs("bench.py", os.path.join(workflow.basedir, "bench", "speed.py")),
     output:
         json="results/bench/speed.json",
         table="results/bench/speed.md",
@@ -36,7 +16,7 @@ rule bench:
     resources:
         gpu=1,
     params:
-        model=config.get("bench", {}).get("model", "random:qwen2.5-1.5b"),
-        quick=config.get("bench", {}).get("quick", False),
+        model=config["bench"]["model"],
+        quick=config["bench"]["quick"],
     script:
         "../workflow_scripts/bench.py"

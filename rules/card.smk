@@ -10,7 +10,7 @@ rule aggregate:
         base="results/base/eval.json",
         selftest="results/selftest.json",
         split_stats="results/data/split_stats.json",
-        src=package_src("aggregate", "stats"),
+        src=code_inputs("aggregate.py"),
     output:
         csv="results/summary.csv",
         json="results/summary.json",
@@ -21,8 +21,8 @@ rule aggregate:
     params:
         arms=ARMS,
         seeds=SEEDS,
-        n_boot=config["stats"].get("n_boot", 10000),
-        alpha=config["stats"].get("alpha", 0.05),
+        n_boot=config["stats"]["n_boot"],
+        alpha=config["stats"]["alpha"],
     script:
         "../workflow_scripts/aggregate.py"
 
@@ -30,7 +30,7 @@ rule aggregate:
 rule train_curve:
     input:
         log="results/{arm}/seed{seed}/train_log.jsonl",
-        src=package_src("card"),
+        src=code_inputs("train_curve.py"),
     output:
         report(
             "results/{arm}/seed{seed}/train_curve.png",
@@ -52,7 +52,7 @@ rule card:
         summary="results/summary.json",
         selftest="results/selftest.json",
         split_stats="results/data/split_stats.json",
-        src=package_src("card"),
+        src=code_inputs("card.py"),
     output:
         md=report("results/card.md", category="Card"),
         png=report("results/card.png", category="Card", caption="../report/card.rst"),
@@ -66,7 +66,7 @@ rule card:
             "data": config["data"]["source"]
             + (
                 f" ({config['data']['local_dir']})"
-                if config["data"].get("local_dir")
+                if config["data"]["local_dir"]
                 else ""
             ),
             "offline": config["model"]["name"] == "offline-tiny-qwen2",
@@ -75,13 +75,11 @@ rule card:
                 if config["data"]["source"] == "generated"
                 else None
             ),
-            "warmstart": config["model"].get("warmstart"),
+            "warmstart": config["model"]["warmstart"],
             "prompt": config["data"]["prompt"],
             "recipe": {
                 **config["train"],
-                "loss_type": "dapo",
-                "beta": 0.0,
-                "num_iterations": 1,
+                **tm_recipe.TRL_FIXED,
                 "arms": ARMS,
                 "seeds": SEEDS,
                 "eval": config["eval"],

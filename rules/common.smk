@@ -1,8 +1,10 @@
+import ast
 import sys
 
 sys.path.insert(0, workflow.basedir)  # the package sits beside the Snakefile
 
 from talkmethods import config as tm_config
+from talkmethods import recipe as tm_recipe
 
 # Check the whole config before any job runs: one line naming the key, no traceback.
 try:
@@ -21,7 +23,7 @@ localrules:
 
 ARMS = config["arms"]
 SEEDS = config["seeds"]
-EVAL_KINDS = ["eval", "crossplay", "crossplay_bA"]
+EVAL_KINDS = list(tm_recipe.RUN_EVAL_KINDS)
 CKPT = config["checkpoint_dir"]
 
 
@@ -33,10 +35,55 @@ wildcard_constraints:
 
 # The base model every arm and eval starts from: the warm start's output when the config has one.
 BASE_MODEL = (
-    [f"results/{tm_config.WARMSTART_MODEL}"] if config["model"].get("warmstart") else []
+    [f"results/{tm_config.WARMSTART_MODEL}"] if config["model"]["warmstart"] else []
 )
 
 
-def package_src(*modules):
-    """The package modules a stage runs, as inputs: editing one reruns that stage and what follows."""
-    return [os.path.join(workflow.basedir, "talkmethods", f"{m}.py") for m in modules]
+# ---- code inputs: the files a stage's script imports, directly or not --------------------------
+# A rule lists them as inputs, so editing any module a stage runs reruns that stage and what follows
+# (and nothing else). Found by reading the imports (ast), not by importing: planning stays fast.
+SCRIPTS = os.path.join(workflow.basedir, "workflow_scripts")
+
+
+def _module_file(name):
+    """The file of module ``name`` when it is ours: talkmethods.* (module or package) or a script helper."""
+    parts = name.split(".")
+    root = workflow.basedir if parts[0] == "talkmethods" else SCRIPTS
+    base = os.path.join(root, *parts)
+    for path in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _imports(path):
+    """Every module name an import statement of ``path`` names, at any depth (lazy imports too)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def code_inputs(*entries):
+    """The files the scripts ``entries`` (under workflow_scripts/, or paths) import, closed over imports.
+
+    Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` too, so those count.
+    """
+    todo = [e if os.path.isabs(e) else os.path.join(SCRIPTS, e) for e in entries]
+    seen = set()
+    while todo:
+        path = os.path.normpath(todo.pop())
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imports(path):
+            parts = name.split(".")
+            todo += filter(
+                None,
+                (_module_file(".".join(parts[:i])) for i in range(1, len(parts) + 1)),
+            )
+    return sorted(seen)

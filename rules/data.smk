@@ -1,6 +1,6 @@
 rule split:
     input:
-        package_src("problems", "split", "synthetic", "stages"),
+        code_inputs("split.py"),
     output:
         train="results/data/train.jsonl",
         heldout="results/data/heldout.jsonl",
@@ -17,19 +17,7 @@ rule split:
 
 rule selftest:
     input:
-        package_src(
-            "selftest",
-            "split",
-            "grading",
-            "rollout",
-            "engines/__init__",
-            "engines/sampling",
-            "engines/plain",
-            "engines/loop",
-            "credit",
-            "models",
-            "dialogue",
-        ),
+        code_inputs("selftest.py"),
     output:
         "results/selftest.json",
     log:

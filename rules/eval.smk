@@ -3,24 +3,7 @@ rule eval_run:
         problems="results/data/heldout.jsonl",
         base=BASE_MODEL,
         adapter="results/{arm}/seed{seed}/adapter",
-        src=package_src(
-            "evaluate",
-            "rollout",
-            "engines/__init__",
-            "engines/sampling",
-            "engines/plain",
-            "engines/loop",
-            "engines/fast/__init__",
-            "engines/fast/weights",
-            "engines/fast/qwen2",
-            "engines/fast/generator",
-            "engines/fast/attention",
-            "engines/fast/sampler",
-            "dialogue",
-            "grading",
-            "models",
-            "stages",
-        ),
+        src=code_inputs("evaluate.py"),
     output:
         "results/{arm}/seed{seed}/{kind}.json",
     log:
@@ -38,40 +21,15 @@ rule eval_run:
         "../workflow_scripts/evaluate.py"
 
 
-rule eval_base:
+# base x base, once: eval_run with neither seat on an adapter (the script reads kind "base" from the missing wildcard)
+use rule eval_run as eval_base with:
     input:
         problems="results/data/heldout.jsonl",
         base=BASE_MODEL,
-        src=package_src(
-            "evaluate",
-            "rollout",
-            "engines/__init__",
-            "engines/sampling",
-            "engines/plain",
-            "engines/loop",
-            "engines/fast/__init__",
-            "engines/fast/weights",
-            "engines/fast/qwen2",
-            "engines/fast/generator",
-            "engines/fast/attention",
-            "engines/fast/sampler",
-            "dialogue",
-            "grading",
-            "models",
-            "stages",
-        ),
+        src=code_inputs("evaluate.py"),
     output:
         "results/base/eval.json",
     log:
         "results/logs/eval/base.log",
     benchmark:
         "results/benchmarks/eval/base.tsv"
-    conda:
-        "../envs/talkmethods.yaml"
-    threads: 2
-    resources:
-        gpu=1,
-    params:
-        eval=tm_config.eval_params(config),
-    script:
-        "../workflow_scripts/evaluate.py"

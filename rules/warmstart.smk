@@ -5,23 +5,7 @@
 rule warmstart:
     input:
         problems="results/data/train.jsonl",
-        src=package_src(
-            "warmstart",
-            "vocab",
-            "dialogue",
-            "rollout",
-            "engines/__init__",
-            "engines/sampling",
-            "engines/plain",
-            "engines/loop",
-            "training/__init__",
-            "training/rows",
-            "training/patches",
-            "grading",
-            "models",
-            "stages",
-            "atomic",
-        ),
+        src=code_inputs("warmstart.py"),
     output:
         model=directory(f"results/{tm_config.WARMSTART_MODEL}"),
         stats="results/warmstart/stats.json",

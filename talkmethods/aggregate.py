@@ -39,6 +39,7 @@ import numpy as np
 
 from talkmethods import stats
 from talkmethods.atomic import write_json, write_text
+from talkmethods.recipe import EVAL_KINDS, RUN_EVAL_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,9 @@ __all__ = [
 ]
 
 SUMMARY_FORMAT = "talkmethods.summary/1"
-KINDS = ("eval", "crossplay", "crossplay_bA")
+KINDS = RUN_EVAL_KINDS
 """Trained eval kinds read per arm and seed, in card order."""
-KIND_FILES = {"eval": "eval.json", "crossplay": "crossplay.json", "crossplay_bA": "crossplay_bA.json"}
+KIND_FILES = {kind: spec["file"] for kind, spec in EVAL_KINDS.items()}
 CSV_COLUMNS = [
     "arm", "seed", "kind", "team_accuracy", "both_right", "a_accuracy", "b_accuracy", "no_box_rate",
     "chars_A", "chars_B", "partner_use_A", "partner_use_B", "learned", "p_value",

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 from talkmethods.aggregate import KINDS, ResultsError, load_selftest, load_split_stats
 from talkmethods.atomic import atomic_path, write_text
+from talkmethods.recipe import EVAL_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,7 @@ OFFLINE_UNTRAINED_LINE = ("**Offline, untrained: the numbers on this card exerci
                           "about the methods** (tiny model with random weights, generated problems).")
 OFFLINE_UNTRAINED_TITLE = "Offline, untrained: these numbers exercise the pipeline and say nothing about the methods"
 
-KIND_LABELS = {
-    "eval": "held-out (trained A × trained B)",
-    "crossplay": "cross-play (trained A × base B)",
-    "crossplay_bA": "base A × trained B",
-}
+KIND_LABELS = {kind: spec["label"] for kind, spec in EVAL_KINDS.items()}
 
 REFERENCES = [
     "Shao et al., DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models (GRPO), "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from talkmethods.atomic import write_json
 from talkmethods.errors import friendly_errors
+from talkmethods.recipe import RUN_EVAL_KINDS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--arm")
             p.add_argument("--seed", type=int)
         if name == "eval":
-            p.add_argument("--kind", default="eval", choices=["eval", "crossplay", "crossplay_bA", "base"])
+            p.add_argument("--kind", default="eval", choices=[*RUN_EVAL_KINDS, "base"])
     p = sub.add_parser("selftest")
     p.add_argument("--out", default=None)
     return ap
@@ -46,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from talkmethods import config as C
-    from talkmethods import stages
 
     if args.stage == "selftest":
         from talkmethods.selftest import run_selftest
@@ -60,37 +60,45 @@ def _run(args) -> int:
     cfg = C.load_config(args.config or ["config.yaml"])
     r = Path(args.results)
     if args.stage == "split":
-        stages.split_stage(C.split_params(cfg), r / "data/train.jsonl", r / "data/heldout.jsonl",
-                           r / "data/split_stats.json")
+        from talkmethods.split import split_stage
+
+        split_stage(C.split_params(cfg), r / "data/train.jsonl", r / "data/heldout.jsonl",
+                    r / "data/split_stats.json")
         return 0
     if args.stage == "warmstart":
         params = C.warmstart_params(cfg)
         if params is None:
             raise C.ConfigError("config: model.warmstart is null: this config has no warm start to run")
         _exists(r / "data/train.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
-        stages.warmstart_stage(params, r / "data/train.jsonl", r / C.WARMSTART_MODEL, r / "warmstart/stats.json")
+        from talkmethods.warmstart import warmstart_stage
+
+        warmstart_stage(params, r / "data/train.jsonl", r / C.WARMSTART_MODEL, r / "warmstart/stats.json")
         return 0
     warm = "run `python -m talkmethods warmstart` with the same --config and --results first"
     if args.stage == "train":
         _need(args, "arm", "seed")
         run = r / args.arm / f"seed{args.seed}"
         _exists(r / "data/train.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
-        if cfg["model"].get("warmstart"):
+        if cfg["model"]["warmstart"]:
             _exists(r / C.WARMSTART_MODEL, warm)
-        stages.train_stage(C.train_params(cfg, args.arm, args.seed, str(r)), r / "data/train.jsonl", run / "adapter",
-                           run / "train_log.jsonl", Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}")
+        from talkmethods.training.build import train_stage
+
+        train_stage(C.train_params(cfg, args.arm, args.seed, str(r)), r / "data/train.jsonl", run / "adapter",
+                    run / "train_log.jsonl", Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}")
         return 0
     _exists(r / "data/heldout.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
-    if cfg["model"].get("warmstart"):
+    if cfg["model"]["warmstart"]:
         _exists(r / C.WARMSTART_MODEL, warm)
+    from talkmethods.evaluate import eval_stage
+
     if args.kind == "base":
-        stages.eval_stage(C.eval_params(cfg, str(r)), "base", r / "data/heldout.jsonl", None, r / "base/eval.json")
+        eval_stage(C.eval_params(cfg, str(r)), "base", r / "data/heldout.jsonl", None, r / "base/eval.json")
         return 0
     _need(args, "arm", "seed")
     run = r / args.arm / f"seed{args.seed}"
     _exists(run / "adapter", f"train it first: `python -m talkmethods train --arm {args.arm} --seed {args.seed}`")
-    stages.eval_stage(C.eval_params(cfg, str(r)), args.kind, r / "data/heldout.jsonl", str(run / "adapter"),
-                      run / f"{args.kind}.json", arm=args.arm, seed=args.seed)
+    eval_stage(C.eval_params(cfg, str(r)), args.kind, r / "data/heldout.jsonl", str(run / "adapter"),
+               run / f"{args.kind}.json", arm=args.arm, seed=args.seed)
     return 0
 
 

@@ -8,12 +8,14 @@ from importlib import resources
 
 import yaml
 
+from talkmethods.errors import UserError
+
 OFFLINE_MODEL = "offline-tiny-qwen2"  # = talkmethods.models.OFFLINE_MODEL (not imported: that pulls in torch)
 WARMSTART_MODEL = "warmstart/model"  # under the results dir: the warm-started base model (rule warmstart)
 GSM8K_ROWS = {"n_train": 7473, "n_heldout": 1319}  # openai/gsm8k (main): rows of train and test
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value is wrong; the message names the key and what is allowed."""
 
 
@@ -57,7 +59,7 @@ def validate_config(config: dict) -> None:
     looks_local = name.startswith((".", "/", "~")) or os.sep in name and not _hub_id(name)
     if looks_local and not os.path.isdir(os.path.expanduser(name)):
         raise ConfigError(f"config: model.name = {name!r}: no such directory (a local model dir, a hub id, or {OFFLINE_MODEL!r})")
-    warm = config["model"].get("warmstart")
+    warm = config["model"]["warmstart"]
     if warm and name != OFFLINE_MODEL:
         raise ConfigError(f"config: model.warmstart builds and trains its own small model; set model.name: {OFFLINE_MODEL} "
                           f"with it, or model.warmstart: null to use {name!r} as it is")
@@ -65,7 +67,7 @@ def validate_config(config: dict) -> None:
         raise ConfigError("config: model.warmstart: hidden must be a multiple of heads, and heads of kv_heads")
     data = config["data"]
     if data["source"] == "local":
-        d = data.get("local_dir")
+        d = data["local_dir"]
         if not d or not os.path.isdir(d):
             raise ConfigError(f"config: data.local_dir = {d!r}: no such directory (needed by data.source: local)")
     _check_pool_sizes(data)
@@ -82,13 +84,13 @@ def _check_sampling(config: dict) -> None:
     """
     t = config["train"]
     for key, plain in (("top_p", 1.0), ("top_k", 0), ("repetition_penalty", 1.0)):
-        if t.get(key, plain) != plain:
+        if t[key] != plain:
             raise ConfigError(f"config: train.{key} = {t[key]!r} is not valid: the trainer scores rollouts under "
                               f"softmax(logits / temperature) only; set train.{key}: {plain}")
     e = config["eval"]
-    if e.get("repetition_penalty", 1.0) != 1.0 and e.get("engine", "fast") != "plain":
+    if e["repetition_penalty"] != 1.0 and e["engine"] != "plain":
         raise ConfigError(f"config: eval.repetition_penalty = {e['repetition_penalty']!r} is not valid with "
-                          f"eval.engine: {e.get('engine', 'fast')} (it applies no penalty); set it to 1.0 or eval.engine: plain")
+                          f"eval.engine: {e['engine']} (it applies no penalty); set it to 1.0 or eval.engine: plain")
 
 
 def _check_finite(node, path) -> None:
@@ -160,56 +162,50 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def train_params(config: dict, arm: str, seed: int, results: str = "results") -> dict:
-    """Plain values of one training run (a rule's ``params:``, so an edit reruns it)."""
+    """Plain values of one training run (a rule's ``params:``, so an edit reruns it): ``recipe.TrainConfig``'s fields."""
     t = config["train"]
     return {
         "arm": arm, "seed": int(seed), "model": model_params(config, results),
-        "steps": t["steps"], "problems_per_step": t["problems_per_step"],
-        "chats_per_problem": t["chats_per_problem"], "learning_rate": t["learning_rate"],
-        "lr_schedule": t.get("lr_schedule", "constant"), "lora_r": t["lora_r"],
-        "lora_alpha": t.get("lora_alpha", 2 * t["lora_r"]), "lora_dropout": t.get("lora_dropout", 0.0),
-        "sampling": {"max_new_tokens": t["max_new_tokens"], "temperature": t.get("temperature", 1.0),
-                     "top_p": t.get("top_p", 1.0), "top_k": t.get("top_k", 0),
-                     "repetition_penalty": t.get("repetition_penalty", 1.0),
-                     "max_prompt_tokens": t.get("max_prompt_tokens", 2048)},
-        "ada_max_replays": t.get("ada_max_replays", 3), "ada_draw_ahead": t.get("ada_draw_ahead", False),
-        "pack_seats": t.get("pack_seats", True),
-        "save_every": t.get("save_every", 10),
-        "precision": config["model"].get("precision", "auto"),
-        "gradient_checkpointing": t.get("gradient_checkpointing", False),
-        "engine": t.get("engine", "fast"),
-        "micro_batches": t.get("micro_batches", 1),
+        **{k: t[k] for k in ("steps", "problems_per_step", "chats_per_problem", "learning_rate", "lr_schedule",
+                             "lora_r", "lora_alpha", "lora_dropout", "ada_max_replays", "ada_draw_ahead",
+                             "pack_seats", "save_every", "gradient_checkpointing", "engine", "micro_batches")},
+        "sampling": _sampling(t, t["max_prompt_tokens"]),
+        "precision": config["model"]["precision"],
     }
+
+
+def _sampling(section: dict, max_prompt_tokens: int) -> dict:
+    """``engines.sampling.Sampling``'s fields from a train or eval section."""
+    return {"max_new_tokens": section["max_new_tokens"], "temperature": section["temperature"],
+            "top_p": section["top_p"], "top_k": section["top_k"],
+            "repetition_penalty": section["repetition_penalty"], "max_prompt_tokens": max_prompt_tokens}
 
 
 def model_params(config: dict, results: str = "results") -> dict:
     """The base model every arm and eval starts from: the warm-started one when the config has a warm start."""
-    if config["model"].get("warmstart"):
+    if config["model"]["warmstart"]:
         return {"name": f"{results}/{WARMSTART_MODEL}"}
     return {"name": config["model"]["name"]}
 
 
 def warmstart_params(config: dict) -> dict | None:
     """Plain values of the warm start (a rule's ``params:``), or None when the config has none."""
-    warm = config["model"].get("warmstart")
-    return {**warm, "precision": config["model"].get("precision", "auto")} if warm else None
+    warm = config["model"]["warmstart"]
+    return {**warm, "precision": config["model"]["precision"]} if warm else None
 
 
 def eval_params(config: dict, results: str = "results") -> dict:
-    """Plain values of every eval (a rule's ``params:``)."""
+    """Plain values of every eval (a rule's ``params:``): ``recipe.EvalConfig``'s fields."""
     e = config["eval"]
     return {
-        "model": model_params(config, results), "precision": config["model"].get("precision", "auto"),
-        "sampling": {"max_new_tokens": e["max_new_tokens"], "temperature": e["temperature"], "top_p": e["top_p"],
-                     "top_k": e.get("top_k", 0), "repetition_penalty": e.get("repetition_penalty", 1.0),
-                     "max_prompt_tokens": config["train"].get("max_prompt_tokens", 2048)},
-        "chats_per_problem": e["chats_per_problem"], "batch_chats": e.get("batch_chats", 600),
-        "sample_dialogues": e.get("sample_dialogues", 4), "eval_seed": config["data"]["data_seed"],
-        "engine": e.get("engine", "fast"),
+        "model": model_params(config, results), "precision": config["model"]["precision"],
+        "sampling": _sampling(e, config["train"]["max_prompt_tokens"]),
+        **{k: e[k] for k in ("chats_per_problem", "batch_chats", "sample_dialogues", "engine")},
+        "eval_seed": config["data"]["data_seed"],
     }
 
 
 def split_params(config: dict) -> dict:
     d = config["data"]
-    return {"source": d["source"], "local_dir": d.get("local_dir"), "n_train": d["n_train"],
+    return {"source": d["source"], "local_dir": d["local_dir"], "n_train": d["n_train"],
             "n_heldout": d["n_heldout"], "data_seed": d["data_seed"], "world": d["world"], "prompt": d["prompt"]}

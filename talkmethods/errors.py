@@ -14,14 +14,12 @@ OOM_HINT = (
 )
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types whose message is meant for the user as it is."""
-    from talkmethods.config import ConfigError
-    from talkmethods.models import ModelError
-    from talkmethods.problems import DataError
-    from talkmethods.rollout import PromptTooLong
+class UserError(Exception):
+    """An error whose message is meant for the user as it is (config, data, model, a too-long prompt).
 
-    return (ConfigError, DataError, ModelError, PromptTooLong)
+    The modules that raise one subclass it here, so this module imports none of them: a stage that
+    reports errors depends on no other stage's code.
+    """
 
 
 @contextmanager
@@ -31,7 +29,7 @@ def friendly_errors():
 
     try:
         yield
-    except user_errors() as err:
+    except UserError as err:
         _report(str(err))
         raise SystemExit(2) from None
     except torch.cuda.OutOfMemoryError as err:

@@ -19,14 +19,15 @@ from tqdm import tqdm
 
 from talkmethods.dialogue import SEATS
 from talkmethods.grading import extract_boxed
-from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
+from talkmethods.models import load_model, load_tokenizer, pick_device_and_dtype
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
+from talkmethods.recipe import BASE_KIND, EVAL_KINDS, EvalConfig
 from talkmethods.rollout import Chat, play_chats
 
 log = logging.getLogger(__name__)
 
-EVAL_SEATS = {"eval": (True, True), "crossplay": (True, False), "crossplay_bA": (False, True), "base": (False, False)}
+EVAL_SEATS = {kind: spec["seats"] for kind, spec in {**EVAL_KINDS, "base": BASE_KIND}.items()}  # (A, B) carry the adapter
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
@@ -108,34 +109,46 @@ def play_eval(model, tokenizer, problems: list[dict], kind: str, sampling: Sampl
     return chats
 
 
-def run_eval(kind: str, model_spec: ModelSpec, adapter_dir: str | None, problems: list[dict], sampling: Sampling,
-             chats_per_problem: int, batch_chats: int, sample_dialogues: int, seed: int, precision: str = "auto",
-             arm: str | None = None, train_seed: int | None = None, engine: str = "fast") -> dict:
+def run_eval(kind: str, cfg: EvalConfig, adapter_dir: str | None, problems: list[dict], arm: str | None = None,
+             train_seed: int | None = None) -> dict:
     """Evaluate one model pairing on the held-out problems; returns the eval JSON object."""
     t0 = time.perf_counter()
-    device, dtype = pick_device_and_dtype(precision)
-    tokenizer = load_tokenizer(model_spec)
-    model = load_model(model_spec, dtype, device)
+    device, dtype = pick_device_and_dtype(cfg.precision)
+    tokenizer = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, dtype, device)
     if kind != "base":
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False)
     model.eval()
-    torch.manual_seed(seed)
+    torch.manual_seed(cfg.eval_seed)
     from talkmethods.engines import ENGINES
 
-    chats = play_eval(model, tokenizer, problems, kind, sampling, chats_per_problem, batch_chats, ENGINES[engine])
+    chats = play_eval(model, tokenizer, problems, kind, cfg.sampling, cfg.chats_per_problem, cfg.batch_chats,
+                      ENGINES[cfg.engine])
     metrics = chat_metrics(chats)
     samples = [{"problem_id": c.problem["id"], "gold": c.problem["gold"], "reward": c.reward,
                 "turns": [{"seat": t.seat, "adapter": t.adapter_on, "text": t.text} for t in c.turns]}
-               for c in chats[: sample_dialogues * chats_per_problem : chats_per_problem]]
+               for c in chats[: cfg.sample_dialogues * cfg.chats_per_problem : cfg.chats_per_problem]]
     return {
         "kind": kind, "arm": arm, "seed": train_seed,
-        "config": {"model": model_spec.name, "adapter": adapter_dir, "sampling": vars(sampling),
-                   "chats_per_problem": chats_per_problem, "eval_seed": seed, "engine": engine},
+        "config": {"model": cfg.model.name, "adapter": adapter_dir, "sampling": vars(cfg.sampling),
+                   "chats_per_problem": cfg.chats_per_problem, "eval_seed": cfg.eval_seed, "engine": cfg.engine},
         "counts": {"problems": len(problems), "chats": len(chats)},
         "metrics": metrics,
         "per_problem": per_problem_rewards(chats),
         "samples": samples,
         "provenance": provenance(time.perf_counter() - t0, device),
     }
+
+
+def eval_stage(params: dict, kind: str, problems: str, adapter_dir: str | None, out: str,
+               arm: str | None = None, seed: int | None = None) -> dict:
+    """The eval stage: play the eval chats of ``kind`` on the held-out problems and write the eval JSON."""
+    from talkmethods.atomic import write_json
+    from talkmethods.problems import read_jsonl
+
+    result = run_eval(kind, EvalConfig.from_params(params), adapter_dir, read_jsonl(problems), arm=arm, train_seed=seed)
+    write_json(out, result)
+    log.info("%s %s seed %s: team accuracy %.3f", kind, arm, seed, result["metrics"]["team_accuracy"])
+    return result

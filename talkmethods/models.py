@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from talkmethods.errors import UserError
+
 log = logging.getLogger(__name__)
 
 OFFLINE_MODEL = "offline-tiny-qwen2"
@@ -30,7 +32,7 @@ QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 151
 QWEN25_VOCAB = 151_936  # Qwen2.5-1.5B's padded embedding rows
 
 
-class ModelError(RuntimeError):
+class ModelError(UserError, RuntimeError):
     """A model or tokenizer could not be loaded; the message says which config key to change."""
 
 

@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from talkmethods.errors import UserError
+
 log = logging.getLogger(__name__)
 
 HUB_DATASET = "openai/gsm8k"
@@ -33,7 +35,7 @@ _HINT = (
 )
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad or missing input data; the message names the file (and the 1-based line) to fix."""
 
 
@@ -237,6 +239,11 @@ def load_gsm8k(
         raise DataError(f"data.source must be one of {', '.join(SOURCES)}; got {source!r}")
     log.info("data source %s: %d train, %d test problems", source, len(train), len(test))
     return train, test
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping]) -> None:

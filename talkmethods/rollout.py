@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from talkmethods.errors import UserError
 from talkmethods.dialogue import FINAL_TURNS, SEATS, seat_messages
 from talkmethods.engines import Generator
 from talkmethods.engines.sampling import Sampling
@@ -21,7 +22,7 @@ from talkmethods.grading import grade_answer, team_reward
 log = logging.getLogger(__name__)
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(UserError, ValueError):
     """A seat's prompt outgrew ``max_prompt_tokens``."""
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import pysbd
 
-from talkmethods.problems import DataError
+from talkmethods.atomic import write_json
+from talkmethods.problems import DataError, load_gsm8k, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -353,3 +354,22 @@ def draw_problems(
     train, train_stats = _draw_pool(train_pool, n_train, "n_train", data_seed)
     heldout, heldout_stats = _draw_pool(heldout_pool, n_heldout, "n_heldout", data_seed, train_texts)
     return train, heldout, {"train": train_stats, "heldout": heldout_stats}
+
+
+def split_stage(params: dict, out_train: str, out_heldout: str, out_stats: str) -> dict:
+    """The split stage: load the problems, split facts, draw the train and held-out sets, write them and their statistics."""
+    n_gen = max(4 * params["n_train"], 64), max(4 * params["n_heldout"], 64)
+    train_pool, test_pool = load_gsm8k(params["source"], params["local_dir"], seed=params["data_seed"],
+                                       n_generated_train=n_gen[0], n_generated_test=n_gen[1],
+                                       world=params["world"])
+    train, heldout, stats = draw_problems(train_pool, test_pool, params["n_train"], params["n_heldout"],
+                                          params["data_seed"])
+    for record in train + heldout:  # the seat prompts' style travels with the problems to every stage
+        record["prompt_style"] = params["prompt"]
+    stats["params"] = params
+    write_jsonl(out_train, train)
+    write_jsonl(out_heldout, heldout)
+    write_json(out_stats, stats)
+    log.info("split: %d train, %d held-out (eligible %d / %d)", len(train), len(heldout),
+             stats["train"]["eligible"], stats["heldout"]["eligible"])
+    return stats

@@ -174,3 +174,14 @@ def warm_start(cfg: WarmStartConfig, problems: list[dict], out_dir: str | Path) 
         "loss_last": losses[-1] if losses else None, "wall_s": round(time.perf_counter() - t0, 1),
         "device": str(device),
     }
+
+
+def warmstart_stage(params: dict, problems: str, out_model: str, out_stats: str) -> dict:
+    """The warm-start stage: SFT on the train problems' ideal dialogues; writes the model dir and its statistics."""
+    from talkmethods.atomic import write_json
+    from talkmethods.problems import read_jsonl
+
+    stats = warm_start(WarmStartConfig(**params), read_jsonl(problems), out_model)
+    write_json(out_stats, stats)
+    log.info("warm start: loss %s -> %s in %.0f s", stats["loss_first"], stats["loss_last"], stats["wall_s"])
+    return stats

@@ -68,3 +68,14 @@ def dotted_name(node) -> str:
     if isinstance(node, ast.Attribute):
         return f"{dotted_name(node.value)}.{node.attr}"
     return "?"
+
+
+def train_config(**fields):
+    """A ``recipe.TrainConfig`` with config.yaml's value for every field not given (the defaults live there only)."""
+    import dataclasses
+
+    from talkmethods.config import load_config, train_params
+    from talkmethods.recipe import TrainConfig
+
+    base = TrainConfig.from_params(train_params(load_config([str(ROOT / "config.yaml")]), fields["arm"], fields["seed"]))
+    return dataclasses.replace(base, **fields)

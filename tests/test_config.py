@@ -115,7 +115,7 @@ def test_more_train_problems_than_eligible_ones_fails_in_the_split(tmp_path):
     """Enough rows, too few eligible: only the split can tell; it fails with a DataError naming n_train."""
     from talkmethods.config import split_params
     from talkmethods.problems import DataError
-    from talkmethods.stages import split_stage
+    from talkmethods.split import split_stage
 
     data = _local_dir(tmp_path / "gsm", 3, 3, 4)
     cfg = merge(base_config(), {"data": {"source": "local", "local_dir": str(data), "n_train": 5, "n_heldout": 2}})
@@ -276,7 +276,7 @@ def test_a_model_dir_that_holds_no_model_is_one_line_naming_model_name(tmp_path)
     """model.name is a directory (validation passes) but holds no tokenizer/model: ModelError, not a ValueError."""
     import torch
 
-    from talkmethods.errors import user_errors
+    from talkmethods.errors import UserError
     from talkmethods.models import ModelError, ModelSpec, load_model, load_tokenizer
 
     empty, odd = tmp_path / "empty", tmp_path / "odd"
@@ -289,7 +289,7 @@ def test_a_model_dir_that_holds_no_model_is_one_line_naming_model_name(tmp_path)
             with pytest.raises(ModelError) as err:
                 load(ModelSpec(str(folder)))
             message = str(err.value)
-            assert "\n" not in message and ModelError in user_errors()
+            assert "\n" not in message and issubclass(ModelError, UserError)
             assert message.startswith(f"model.name={str(folder)!r}: the directory holds no loadable {what} (")
             assert message.endswith("or use 'offline-tiny-qwen2'.")
 
@@ -300,3 +300,40 @@ def test_engines_in_the_schema_are_the_engines_the_code_has():
     schema = yaml.safe_load((Path(__file__).parents[1] / "talkmethods/schemas/config.schema.yaml").read_text())
     for section in ("train", "eval"):
         assert set(schema["properties"][section]["properties"]["engine"]["enum"]) == set(ENGINES)
+
+
+def test_one_arm_table_and_one_eval_kind_table():
+    """The schema's arms are credit.py's (one credit rule and one draw plan each); the rules, the
+    aggregate and the card read their eval kinds from recipe.EVAL_KINDS."""
+    from talkmethods.aggregate import KIND_FILES, KINDS
+    from talkmethods.card import KIND_LABELS
+    from talkmethods.credit import ARM_PLANS, CREDIT_RULES
+    from talkmethods.evaluate import EVAL_SEATS
+    from talkmethods.recipe import EVAL_KINDS
+
+    schema = yaml.safe_load((Path(__file__).parents[1] / "talkmethods/schemas/config.schema.yaml").read_text())
+    assert set(schema["properties"]["arms"]["items"]["enum"]) == set(CREDIT_RULES) == set(ARM_PLANS)
+    assert tuple(KINDS) == tuple(EVAL_KINDS) == tuple(KIND_FILES) == tuple(KIND_LABELS)
+    assert set(EVAL_SEATS) == {*EVAL_KINDS, "base"}
+    common = (Path(__file__).parents[1] / "rules/common.smk").read_text()
+    assert "EVAL_KINDS = list(tm_recipe.RUN_EVAL_KINDS)" in common
+
+
+def test_every_key_the_code_reads_is_required_and_the_dataclasses_have_no_defaults():
+    """Defaults live only in config.yaml: dropping any key of it is a config error naming that key, and
+    the recipe's dataclasses take every field from it."""
+    import dataclasses
+
+    from talkmethods.recipe import EvalConfig, TrainConfig
+
+    for cls in (TrainConfig, EvalConfig):
+        assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   for f in dataclasses.fields(cls)), cls
+    full = base_config()
+    for section in ("model", "data", "train", "eval", "stats", "bench"):
+        for key in full[section]:
+            cfg = copy.deepcopy(full)
+            del cfg[section][key]
+            with pytest.raises(ConfigError) as err:
+                validate_config(cfg)
+            assert key in str(err.value), (section, key, str(err.value))

@@ -8,6 +8,7 @@ repository alone.
 from __future__ import annotations
 
 import json
+import modulefinder
 import os
 import re
 import shutil
@@ -199,6 +200,63 @@ def test_rerun_plans_only_what_went_stale(demo):
     counts = job_counts(res.stdout + res.stderr)
     assert counts == {"warmstart": 1, "train": 12, "eval_run": 36, "eval_base": 1, "train_curve": 12,
                       "aggregate": 1, "card": 1}, counts
+
+
+def _rule_scripts(wf: Path) -> dict[str, str]:
+    """{rule: its script under workflow_scripts/}, ``use rule … as …`` included."""
+    text = "\n".join(p.read_text() for p in sorted((wf / "rules").glob("*.smk")))
+    scripts = {}
+    for m in re.finditer(r"^rule (\w+):(.*?)(?=^rule |^use rule |\Z)", text, re.S | re.M):
+        found = re.search(r'script:\s*"\.\./workflow_scripts/(\w+\.py)"', m.group(2))
+        if found:
+            scripts[m.group(1)] = found.group(1)
+    for m in re.finditer(r"^use rule (\w+) as (\w+)", text, re.M):
+        scripts[m.group(2)] = scripts[m.group(1)]
+    return scripts
+
+
+def _planned(output: str) -> dict[str, list[str]]:
+    """{rule: [the reason line of each planned job]} of a dry run."""
+    jobs: dict[str, list[str]] = {}
+    for block in re.split(r"^(?:local)?rule ", output, flags=re.M)[1:]:
+        reason = re.search(r"^\s*reason: (.*)$", block, re.M)
+        jobs.setdefault(block.split(":", 1)[0].strip(), []).append(reason.group(1) if reason else "")
+    return jobs
+
+
+@pytest.mark.slow
+def test_editing_a_module_reruns_exactly_the_stages_that_import_it(demo):
+    """Rule code inputs track the code: for every package module, touching it plans exactly the
+    stages whose script imports it, directly or not (lazy imports inside functions included), and what
+    lies downstream. The expectation comes from the standard library's ``modulefinder`` (bytecode), not
+    from the rules' own AST walk."""
+    wf, run = demo
+    scripts = _rule_scripts(wf)
+    closure = {}
+    for rule, script in scripts.items():
+        finder = modulefinder.ModuleFinder(path=[str(wf), str(wf / "workflow_scripts")])
+        finder.run_script(str(wf / "workflow_scripts" / script))
+        closure[rule] = set(finder.modules)
+    stages = set(_planned(snakemake(["-n", "results/card.png", "-F"], run, wf / "Snakefile").stdout))
+    assert {"split", "selftest", "warmstart", "train", "eval_run", "eval_base", "aggregate", "card"} <= stages
+    files = sorted((wf / "talkmethods").rglob("*.py"))
+    later = time.time() + 10
+    checked = 0
+    for i, path in enumerate(files):
+        rel = path.relative_to(wf).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        os.utime(path, (later + i, later + i))
+        res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile")
+        assert res.returncode == 0, res.stderr[-2000:]
+        jobs = _planned(res.stdout)
+        direct = {rule for rule, reasons in jobs.items()
+                  if any(str(path) in r.split("Updated input files: ", 1)[-1] for r in reasons if "Updated input files" in r)}
+        want = {rule for rule in stages if rule in closure and name in closure[rule]}
+        assert direct == want, (name, direct, want)
+        if want:
+            assert "card" in jobs, (name, sorted(jobs))  # and what follows, up to the card
+            checked += 1
+    assert checked >= 20, checked  # most modules feed some stage
 
 
 @pytest.mark.slow

@@ -121,7 +121,7 @@ def _kill_when(proc: subprocess.Popen, work: Path, kill_step: int, group: bool =
 def data_dir(tmp_path_factory) -> Path:
     """The split of SMALL, made once (in-process: the split stage is cheap)."""
     from talkmethods.config import load_config, split_params
-    from talkmethods.stages import split_stage
+    from talkmethods.split import split_stage
 
     root = tmp_path_factory.mktemp("split")
     (root / "small.yaml").write_text(yaml.safe_dump(SMALL))
@@ -203,7 +203,7 @@ def test_finished_run_killed_before_its_outputs_loses_nothing(reference, tmp_pat
     import peft
 
     from talkmethods.config import load_config, train_params
-    from talkmethods.stages import train_stage
+    from talkmethods.training.build import train_stage
 
     root = tmp_path / "run"
     shutil.copytree(reference, root, ignore=shutil.ignore_patterns("adapter", "train_log.jsonl"))
@@ -250,15 +250,15 @@ def _fake_checkpoint(work: Path, step: int, state: str | None = "ok") -> None:
 def test_resume_picks_the_last_complete_checkpoint_of_the_same_run(tmp_path):
     """Unit level: partial checkpoints are deleted; another config's or other problems' are never resumed."""
     from talkmethods.models import ModelSpec
-    from talkmethods.training.build import TrainConfig
+    from conftest import train_config
     from talkmethods.training.runs import RUN_KEY, last_checkpoint, run_key
 
-    cfg = TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8)
+    cfg = train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
     problems = [{"id": "p1", "gold": "3"}]
     key = run_key(cfg, problems)
-    assert run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8), problems) == key
-    assert run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
-                                learning_rate=2e-4), problems) != key
+    assert run_key(train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8, micro_batches=1, pack_seats=False, ada_draw_ahead=False), problems) == key
+    assert run_key(train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
+                                learning_rate=2e-4, micro_batches=1, pack_seats=False, ada_draw_ahead=False), problems) != key
     assert run_key(cfg, [{"id": "p1", "gold": "4"}]) != key
 
     work = tmp_path / "work"
@@ -271,8 +271,8 @@ def test_resume_picks_the_last_complete_checkpoint_of_the_same_run(tmp_path):
     assert last_checkpoint(work, key) == work / "checkpoint-4"
     assert sorted(p.name for p in work.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
-    other = run_key(TrainConfig(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
-                                 learning_rate=2e-4), problems)
+    other = run_key(train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
+                                 learning_rate=2e-4, micro_batches=1, pack_seats=False, ada_draw_ahead=False), problems)
     assert last_checkpoint(work, other) is None
     assert not list(work.glob("checkpoint-*")) and not (work / "train_log.jsonl").exists()
     assert json.loads((work / RUN_KEY).read_text()) == other
@@ -356,7 +356,9 @@ def test_killed_snakemake_run_recovers_with_unlock_and_rerun_incomplete(tmp_path
 def _run_all_stages(root: Path) -> None:
     """Split, train (4 steps) and eval the small config in ``root`` (relative paths, as Snakemake runs them)."""
     from talkmethods.config import eval_params, load_config, split_params, train_params
-    from talkmethods.stages import eval_stage, split_stage, train_stage
+    from talkmethods.evaluate import eval_stage
+    from talkmethods.split import split_stage
+    from talkmethods.training.build import train_stage
 
     small = dict(SMALL, train=dict(SMALL["train"], steps=4))
     root.mkdir(parents=True)
@@ -625,7 +627,7 @@ def test_cli_train_out_of_memory_exits_3_without_traceback(tmp_path):
     (tmp_path / "results/data").mkdir(parents=True)
     (tmp_path / "results/data/train.jsonl").write_text("{}\n")
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    driver = ("import sys, torch, talkmethods.stages as S\n"
+    driver = ("import sys, torch, talkmethods.training.build as S\n"
               "def oom(*a, **k):\n"
               "    raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')\n"
               "S.train_stage = oom\n"

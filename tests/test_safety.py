@@ -165,17 +165,17 @@ def test_transformers_resume_path_loads_with_weights_only():
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     """A real one-step checkpoint of the tiny model (TalkTrainer, parity reward) and its trainer."""
-    from conftest import tiny_problems
+    from conftest import tiny_problems, train_config
 
     from talkmethods.engines.sampling import Sampling
     from talkmethods.models import ModelSpec
-    from talkmethods.training.build import TrainConfig, build_trainer
+    from talkmethods.training.build import build_trainer
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("ckpt")
-    cfg = TrainConfig(arm="grpo", seed=3, model=ModelSpec(SPEC_NAME), steps=1, problems_per_step=2, save_every=1,
-                      sampling=Sampling(max_new_tokens=2))
+    cfg = train_config(arm="grpo", seed=3, model=ModelSpec(SPEC_NAME), steps=1, problems_per_step=2, save_every=1,
+                      sampling=Sampling(max_new_tokens=2), micro_batches=1, pack_seats=False, ada_draw_ahead=False)
     trainer = build_trainer(cfg, tiny_problems(4), work,
                             judge=lambda turn, problem: bool(turn.completion_ids) and turn.completion_ids[0] % 2 == 0)
     trainer.train()

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_problems
+from conftest import tiny_problems, train_config
 
 from talkmethods.credit import Credit
 from talkmethods.dialogue import seat_messages
 from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec
 from talkmethods.rollout import Turn
-from talkmethods.training.build import TrainConfig, build_trainer
+from talkmethods.training.build import build_trainer
 from talkmethods.training.runs import StepLog
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -64,8 +64,8 @@ class Recorder:
 
 def train_one_step(arm, tmp_path: Path, judge=parity_judge, max_new_tokens=4, micro_batches=1, problems=8,
                    ada_draw_ahead=False):
-    cfg = TrainConfig(arm=arm, seed=17, model=SPEC, steps=1, problems_per_step=problems, micro_batches=micro_batches,
-                      sampling=Sampling(max_new_tokens=max_new_tokens), save_every=1000, ada_draw_ahead=ada_draw_ahead)
+    cfg = train_config(arm=arm, seed=17, model=SPEC, steps=1, problems_per_step=problems, micro_batches=micro_batches,
+                      sampling=Sampling(max_new_tokens=max_new_tokens), save_every=1000, ada_draw_ahead=ada_draw_ahead, pack_seats=False)
     log_path = tmp_path / "steps.jsonl"
     trainer = build_trainer(cfg, tiny_problems(problems), tmp_path, judge=judge, callbacks=[StepLog(log_path)])
     rec = Recorder(trainer)
@@ -179,8 +179,8 @@ def test_length_grouping_does_not_change_the_update(tmp_path):
 
     updates = []
     for group in (True, False):
-        cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
-                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0)
+        cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
+                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0, pack_seats=False, ada_draw_ahead=False)
         trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(group), judge=parity_judge)
         trainer.group_rows = group
         trainer.args.optim = OptimizerNames.SGD  # update = lr x gradient (Adam's first step is sign-like)
@@ -198,20 +198,20 @@ def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypa
 
     real = build_mod.GRPOConfig
     monkeypatch.setattr(build_mod, "GRPOConfig", lambda **kw: real(**{**kw, "steps_per_generation": 2}))
-    cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8,
-                      sampling=Sampling(max_new_tokens=4), save_every=1000)
+    cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8,
+                      sampling=Sampling(max_new_tokens=4), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
     with pytest.raises(ValueError, match="steps_per_generation"):
         build_trainer(cfg, tiny_problems(8), tmp_path, judge=parity_judge)
 
 
 def test_micro_batches_must_divide_the_rows(tmp_path):
-    cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=3)
+    cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=3, pack_seats=False, ada_draw_ahead=False)
     with pytest.raises(ValueError, match="micro_batches"):
         build_trainer(cfg, tiny_problems(8), tmp_path)
 
 
 def test_unknown_arm_is_refused(tmp_path):
-    cfg = TrainConfig(arm="ppo", seed=17, model=SPEC, steps=1)
+    cfg = train_config(arm="ppo", seed=17, model=SPEC, steps=1, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
     with pytest.raises(ValueError, match="arm='ppo'"):
         build_trainer(cfg, tiny_problems(8), tmp_path)
 
@@ -222,8 +222,8 @@ def test_packing_seats_does_not_change_the_update(tmp_path):
 
     updates, loss_rows = [], []
     for pack in (True, False):
-        cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
-                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0, pack_seats=pack)
+        cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
+                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0, pack_seats=pack, ada_draw_ahead=False)
         trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(pack), judge=parity_judge)
         trainer.args.optim = OptimizerNames.SGD
         before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
@@ -293,8 +293,8 @@ def lora_and_base_params(model):
 
 def run_learning(arm, tmp_path, advantage_scale=1.0):
     problems = tiny_problems(8)
-    cfg = TrainConfig(arm=arm, seed=17, model=SPEC, steps=LEARN_STEPS, problems_per_step=4, learning_rate=1e-4,
-                      sampling=Sampling(max_new_tokens=2), save_every=1000)
+    cfg = train_config(arm=arm, seed=17, model=SPEC, steps=LEARN_STEPS, problems_per_step=4, learning_rate=1e-4,
+                      sampling=Sampling(max_new_tokens=2), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
     log_path = tmp_path / "steps.jsonl"
     target: set[int] = set()
     trainer = build_trainer(cfg, problems, tmp_path, judge=lambda turn, _: turn.completion_ids[0] in target,
@@ -352,8 +352,8 @@ def _fast_run(tmp_path, stale: bool, pack: bool = False):
     from talkmethods.engines import ENGINES
     from talkmethods.engines.fast import FastGenerator
 
-    cfg = TrainConfig(arm="grpo", seed=17, model=SPEC, steps=2, problems_per_step=2, micro_batches=2,
-                      sampling=Sampling(max_new_tokens=6), save_every=1000, learning_rate=5e-2, pack_seats=pack)
+    cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=2, problems_per_step=2, micro_batches=2,
+                      sampling=Sampling(max_new_tokens=6), save_every=1000, learning_rate=5e-2, pack_seats=pack, ada_draw_ahead=False)
     log_path = tmp_path / "steps.jsonl"
 
     def factory(model, tok):

@@ -21,13 +21,13 @@ import pytest
 import torch
 import transformers
 import trl
-from conftest import tiny_problems
+from conftest import tiny_problems, train_config
 from trl import GRPOConfig, GRPOTrainer
 
 import talkmethods.training.build as build_mod
 from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec
-from talkmethods.training.build import TrainConfig, build_trainer
+from talkmethods.training.build import build_trainer
 from talkmethods.training.patches import score_only_valid_positions_on_cpu
 
 TRL_PIN, PEFT_PIN, TRANSFORMERS_PIN = "1.16.0", "0.21.2", "5.23.0"
@@ -285,8 +285,8 @@ def built(tmp_path_factory, one_torch_thread):
 
     build_mod.GRPOConfig = recording
     try:
-        cfg = TrainConfig(arm="mixed", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=8,
-                          learning_rate=3e-4, sampling=Sampling(max_new_tokens=4), save_every=1000)
+        cfg = train_config(arm="mixed", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=8,
+                          learning_rate=3e-4, sampling=Sampling(max_new_tokens=4), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
         trainer = build_trainer(cfg, tiny_problems(8), tmp_path_factory.mktemp("contract"),
                                 judge=lambda turn, problem: turn.completion_ids[0] % 2 == 0)
     finally:
@@ -414,20 +414,20 @@ def snapshot():
     return {(repr(o), k): id(v) for o in owners for k, v in vars(o).items() if not k.startswith("__")}
 
 before = snapshot()
-import talkmethods.stages, talkmethods.warmstart
+import talkmethods.evaluate, talkmethods.split, talkmethods.warmstart
 import talkmethods.training.build, talkmethods.training.patches, talkmethods.training.rows, talkmethods.training.runs
 import talkmethods.training.trainer
 changed = sorted(k for k, v in snapshot().items() if before.get(k) != v)
 assert not changed, f"importing talkmethods.training patched {changed}"
 assert trl_utils._use_triton is original
 
-from conftest import tiny_problems
+from conftest import tiny_problems, train_config
 from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec
-from talkmethods.training.build import TrainConfig, build_trainer
+from talkmethods.training.build import build_trainer
 
-cfg = TrainConfig(arm="grpo", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=2,
-                  sampling=Sampling(max_new_tokens=2), save_every=1000)
+cfg = train_config(arm="grpo", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=2,
+                  sampling=Sampling(max_new_tokens=2), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
 trainer = build_trainer(cfg, tiny_problems(2), sys.argv[2])
 assert trl_utils._use_triton is not original and trl_utils._use_triton._talkmethods, "build_trainer did not patch TRL"
 fused = [m for m in trainer.model.modules() if type(m) is lora_layer.Linear and "forward" in vars(m)]

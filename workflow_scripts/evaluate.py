@@ -8,7 +8,7 @@ use_threads(snakemake.threads)
 
 from talkmethods.errors import friendly_errors
 from talkmethods.gpu import claim_gpu
-from talkmethods.stages import eval_stage
+from talkmethods.evaluate import eval_stage
 
 w = snakemake.wildcards
 kind = w.get("kind", "base")

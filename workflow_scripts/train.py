@@ -8,7 +8,7 @@ use_threads(snakemake.threads)
 
 from talkmethods.errors import friendly_errors
 from talkmethods.gpu import claim_gpu
-from talkmethods.stages import train_stage
+from talkmethods.training.build import train_stage
 
 with friendly_errors(), claim_gpu():
     train_stage(

@@ -8,7 +8,7 @@ use_threads(snakemake.threads)
 
 from talkmethods.errors import friendly_errors
 from talkmethods.gpu import claim_gpu
-from talkmethods.stages import warmstart_stage
+from talkmethods.warmstart import warmstart_stage
 
 with friendly_errors(), claim_gpu():
     warmstart_stage(

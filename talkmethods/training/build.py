@@ -10,17 +10,18 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from trl import GRPOConfig
 
 from talkmethods.atomic import atomic_path
+from talkmethods.problems import read_jsonl
 from talkmethods.credit import CREDIT_RULES
 from talkmethods.engines.plain import PlainGenerator
-from talkmethods.engines.sampling import Sampling
-from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
+from talkmethods.models import load_model, load_tokenizer, pick_device_and_dtype
+from talkmethods.recipe import TRL_FIXED, TrainConfig
 from talkmethods.rollout import judge_by_gold
 from talkmethods.training.patches import apply_patches
 from talkmethods.training.runs import StepLog, checkpoint_step, jsonable, last_checkpoint, run_key, truncate_log
@@ -29,32 +30,6 @@ from talkmethods.training.trainer import TalkTrainer
 log = logging.getLogger(__name__)
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything one training run depends on (filled from config.yaml through ``params:``)."""
-
-    arm: str
-    seed: int
-    model: ModelSpec
-    steps: int = 80
-    problems_per_step: int = 8
-    chats_per_problem: int = 4
-    learning_rate: float = 1e-4
-    lr_schedule: str = "constant"
-    lora_r: int = 32
-    lora_alpha: int = 64
-    lora_dropout: float = 0.0
-    sampling: Sampling = field(default_factory=Sampling)
-    ada_max_replays: int = 3
-    ada_draw_ahead: bool = False
-    pack_seats: bool = False
-    save_every: int = 10
-    precision: str = "auto"
-    gradient_checkpointing: bool = False
-    engine: str = "fast"
-    micro_batches: int = 1
 
 
 def rollout_reward(**_):
@@ -80,7 +55,7 @@ def build_trainer(cfg: TrainConfig, problems: list[dict], work_dir: Path, judge=
         output_dir=str(work_dir), seed=cfg.seed, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_schedule, warmup_steps=0, weight_decay=0.0,
         per_device_train_batch_size=n_rows // cfg.micro_batches, num_generations=cfg.chats_per_problem,
-        steps_per_generation=cfg.micro_batches, gradient_accumulation_steps=cfg.micro_batches, num_iterations=1, beta=0.0, loss_type="dapo", scale_rewards="none",
+        steps_per_generation=cfg.micro_batches, gradient_accumulation_steps=cfg.micro_batches, **TRL_FIXED,
         max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p, logging_steps=1, save_strategy="steps", save_steps=cfg.save_every,
         save_total_limit=1, report_to=[], bf16=dtype == torch.bfloat16, use_cpu=device.type == "cpu",
@@ -131,3 +106,9 @@ def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_pat
         shutil.copyfile(live_log, tmp)
     return {"resumed_from_step": resumed_from, "train_wall_s": time.perf_counter() - t0,
             "steps": trainer.state.global_step, "config": jsonable(asdict(cfg))}
+
+
+def train_stage(params: dict, problems: str, adapter_dir: str, log_path: str, work_dir: str) -> dict:
+    """The train stage: one (arm, seed) run from a rule's plain ``params``, resuming from ``work_dir``."""
+    cfg = TrainConfig.from_params(params)
+    return train_run(cfg, read_jsonl(problems), Path(adapter_dir), Path(log_path), Path(work_dir))

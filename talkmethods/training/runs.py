@@ -18,7 +18,7 @@ from transformers import TrainerCallback
 from talkmethods.atomic import write_json, write_text
 
 if TYPE_CHECKING:
-    from talkmethods.training.build import TrainConfig
+    from talkmethods.recipe import TrainConfig
 
 log = logging.getLogger(__name__)
 
