@@ -31,9 +31,13 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q
 
+PY_SRC := talkmethods tests bench workflow_scripts scripts
+
 lint: install
-	$(SNAKE) --lint --configfile offline.yaml
+	$(BIN)/ruff format --check $(PY_SRC)
+	$(BIN)/ruff check $(PY_SRC)
 	$(BIN)/snakefmt --check Snakefile rules/
+	$(SNAKE) --lint --configfile offline.yaml
 
 clean-demo:
 	rm -rf demo

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import speed  # noqa: E402
+
 from talkmethods.engines.fast import FastGenerator  # noqa: E402
 from talkmethods.engines.fast import attention as da  # noqa: E402
 from talkmethods.engines.fast import sampler as ds  # noqa: E402
@@ -48,8 +49,12 @@ def sampler_ends(model, tok) -> dict:
     prompts, on, res = speed._prompts(tok, 32, 512, seed=32), [True] * 32, {}
     handles = ds.handles
     try:
-        for name, sampler, ends in [("Triton sampler, compiled ends", True, True), ("Triton sampler, eager ends", True, False),
-                                    ("torch sampler, compiled ends", False, True), ("torch sampler, eager ends", False, False)]:
+        for name, sampler, ends in [
+            ("Triton sampler, compiled ends", True, True),
+            ("Triton sampler, eager ends", True, False),
+            ("torch sampler, compiled ends", False, True),
+            ("torch sampler, eager ends", False, False),
+        ]:
             ds.handles = handles if sampler else (lambda *a: False)
             torch._dynamo.reset()
             res[name] = {"ms_per_step": _decode_ms(FastGenerator(model, tok, compile_ends=ends), prompts, on)}
@@ -115,8 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     spec = ModelSpec("random:qwen2.5-1.5b")
     tok = load_tokenizer(spec)
     model = speed._peft(load_model(spec, torch.bfloat16, torch.device("cuda")), r=32, b_scale=0.01)
-    res = {"experiment": args.experiment, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           **EXPERIMENTS[args.experiment](model, tok)}
+    res = {
+        "experiment": args.experiment,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        **EXPERIMENTS[args.experiment](model, tok),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.experiment}.json").write_text(json.dumps(res, indent=1))

@@ -42,7 +42,9 @@ def run(config: list[str], steps: int, stale: bool, out: Path) -> list[dict]:
     params = C.train_params(cfg, "grpo", 17)
     params.update(steps=steps, save_every=10**6)
     tag = out / ("stale" if stale else "fresh")
-    train_stage(params, "results/data/train.jsonl", str(tag / "adapter"), str(tag / "train_log.jsonl"), str(tag / "ck"))
+    train_stage(
+        params, "results/data/train.jsonl", str(tag / "adapter"), str(tag / "train_log.jsonl"), str(tag / "ck")
+    )
     return [json.loads(x) for x in (tag / "train_log.jsonl").read_text().splitlines()]
 
 
@@ -56,7 +58,9 @@ def main() -> int:
     logs = run(args.config, args.steps, args.stale, Path(args.out))
     sys.stdout.write(f"{'stale' if args.stale else 'fresh'}: step, mean |gap|, max |gap|, KL estimate\n")
     for row in logs:
-        sys.stdout.write(f"{row['step']:4d} {row['logp_diff_mean']:.2e} {row['logp_diff_max']:.2e} {row['logp_kl']:.2e}\n")
+        sys.stdout.write(
+            f"{row['step']:4d} {row['logp_diff_mean']:.2e} {row['logp_diff_max']:.2e} {row['logp_kl']:.2e}\n"
+        )
     return 0
 
 

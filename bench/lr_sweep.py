@@ -29,14 +29,25 @@ def one(args) -> None:
     params = C.train_params(cfg, args.arm, 17)
     params.update(steps=args.steps, learning_rate=args.one, save_every=10**6)
     out = Path(args.out) / f"lr{args.one:g}"
-    train_stage(params, "results/data/train.jsonl", str(out / "adapter"), str(out / "train_log.jsonl"), str(out / "ck"))
-    eval_stage(C.eval_params(cfg), "eval", "results/data/heldout.jsonl", str(out / "adapter"), str(out / "eval.json"),
-               arm=args.arm, seed=17)
+    train_stage(
+        params, "results/data/train.jsonl", str(out / "adapter"), str(out / "train_log.jsonl"), str(out / "ck")
+    )
+    eval_stage(
+        C.eval_params(cfg),
+        "eval",
+        "results/data/heldout.jsonl",
+        str(out / "adapter"),
+        str(out / "eval.json"),
+        arm=args.arm,
+        seed=17,
+    )
 
 
 def summarise(out: Path, rates: list[float]) -> str:
-    rows = ["| lr | reward, first fifth | reward, last fifth | held-out team accuracy | entropy first → last | tokens / turn last |",
-            "|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| lr | reward, first fifth | reward, last fifth | held-out team accuracy | entropy first → last | tokens / turn last |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for lr in rates:
         d = out / f"lr{lr:g}"
         try:
@@ -47,8 +58,10 @@ def summarise(out: Path, rates: list[float]) -> str:
             continue
         k = max(len(log) // 5, 1)
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-        rows.append(f"| {lr:g} | {mean([x['reward'] for x in log[:k]]):.3f} | {mean([x['reward'] for x in log[-k:]]):.3f} "
-                    f"| {acc:.3f} | {log[0]['entropy']:.2f} → {log[-1]['entropy']:.2f} | {log[-1]['tokens_per_turn']:.1f} |")
+        rows.append(
+            f"| {lr:g} | {mean([x['reward'] for x in log[:k]]):.3f} | {mean([x['reward'] for x in log[-k:]]):.3f} "
+            f"| {acc:.3f} | {log[0]['entropy']:.2f} → {log[-1]['entropy']:.2f} | {log[-1]['tokens_per_turn']:.1f} |"
+        )
     return "\n".join(rows)
 
 
@@ -68,11 +81,31 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     procs = []
     for lr in args.lr:
-        cmd = [sys.executable, __file__, *sum((["--config", c] for c in args.config), []), "--arm", args.arm,
-               "--steps", str(args.steps), "--out", str(out), "--one", str(lr)]
+        cmd = [
+            sys.executable,
+            __file__,
+            *sum((["--config", c] for c in args.config), []),
+            "--arm",
+            args.arm,
+            "--steps",
+            str(args.steps),
+            "--out",
+            str(out),
+            "--one",
+            str(lr),
+        ]
         log = open(out / f"lr{lr:g}.log", "w")
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}))
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                },
+            )
+        )
     for p in procs:
         p.wait()
     table = summarise(out, args.lr)

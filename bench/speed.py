@@ -88,8 +88,9 @@ def _peft(model, r: int, seed: int = 0, b_scale: float = 0.0):
 def _prompts(tokenizer, n: int, width: int, seed: int = 0) -> list[list[int]]:
     """``n`` chat prompts of about ``width`` tokens (random words: the cost depends on length only)."""
     g = torch.Generator().manual_seed(seed)
-    head = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
+    head = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     body = torch.randint(1000, 100_000, (n, max(width - len(head), 1)), generator=g).tolist()
     return [list(head[:-5]) + row + list(head[-5:]) for row in body]
 
@@ -116,11 +117,18 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
             worst = max(worst, (ref - torch.tensor(got_logprobs[i])).abs().max().item())
     kernel = _kernel_check(device, model.config) if da.available(device) else None
     sampler = _sampler_check(device, model.config.vocab_size) if ds.handles(device, 0, 1.0, 2) else None
-    out = {"rows": len(prompts), "tokens_per_row": args.guard_tokens, "identical": got == plain,
-           "decode_attention_bf16_max_abs_diff": kernel, "sampler": sampler,
-           "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
-           "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
-           "logp_max_abs_diff_fp32": worst, "graphs": fast.graphs, "attention": args.attention[0]}
+    out = {
+        "rows": len(prompts),
+        "tokens_per_row": args.guard_tokens,
+        "identical": got == plain,
+        "decode_attention_bf16_max_abs_diff": kernel,
+        "sampler": sampler,
+        "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
+        "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
+        "logp_max_abs_diff_fp32": worst,
+        "graphs": fast.graphs,
+        "attention": args.attention[0],
+    }
     del model, fast
     _free()
     return out
@@ -128,7 +136,9 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
 
 FOLD_STEPS = (1, 5, 20)
 FOLD_DRAWS = 3  # random-sign B draws per k: one draw's share moves by a few hundredths
-FOLD_SLACK = 0.05  # the engine may trail PEFT's bf16 forward by this much (mean share or cosine) before the bench fails
+FOLD_SLACK = (
+    0.05  # the engine may trail PEFT's bf16 forward by this much (mean share or cosine) before the bench fails
+)
 
 
 def _effect(delta: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -168,8 +178,12 @@ def fold(spec: ModelSpec, tokenizer, device, args) -> dict:
     names = [n for n, _ in ref_model.named_parameters() if "lora_B" in n]
 
     def logits(model, adapter: bool, trainer: bool = False) -> torch.Tensor:
-        ctx = torch.autocast(device.type if hasattr(device, "type") else str(device), torch.bfloat16) if trainer else nullcontext()
-        with torch.no_grad(), ctx, (nullcontext() if adapter else model.disable_adapter()):
+        ctx = (
+            torch.autocast(device.type if hasattr(device, "type") else str(device), torch.bfloat16)
+            if trainer
+            else nullcontext()
+        )
+        with torch.no_grad(), ctx, nullcontext() if adapter else model.disable_adapter():
             return model(ids).logits[:, -1].float()
 
     def engine(adapter: bool) -> torch.Tensor:
@@ -183,7 +197,9 @@ def fold(spec: ModelSpec, tokenizer, device, args) -> dict:
         got = {p: [] for p in paths}
         for draw in range(FOLD_DRAWS):
             g = torch.Generator().manual_seed(1000 * draw + k)
-            signs = {n: torch.randn(p.shape, generator=g).sign() for n, p in ref_model.named_parameters() if n in names}
+            signs = {
+                n: torch.randn(p.shape, generator=g).sign() for n, p in ref_model.named_parameters() if n in names
+            }
             with torch.no_grad():
                 for model in (ref_model, bf_model):
                     for n, p in model.named_parameters():
@@ -202,15 +218,27 @@ def fold(spec: ModelSpec, tokenizer, device, args) -> dict:
         row = {"k": k, "effect_rms": ref.pow(2).mean().sqrt().item()}
         for p in paths:
             shares, coss = zip(*got[p], strict=True)
-            row |= {f"{p}_share": round(sum(shares) / len(shares), 4), f"{p}_cos": round(sum(coss) / len(coss), 4),
-                    f"{p}_share_range": [round(min(shares), 4), round(max(shares), 4)]}
+            row |= {
+                f"{p}_share": round(sum(shares) / len(shares), 4),
+                f"{p}_cos": round(sum(coss) / len(coss), 4),
+                f"{p}_share_range": [round(min(shares), 4), round(max(shares), 4)],
+            }
         rows.append(row)
-    ok = all(r["engine_share"] >= r["peft_share"] - FOLD_SLACK and r["engine_cos"] >= r["peft_cos"] - FOLD_SLACK
-             for r in rows)
-    del ref_model, bf_model, fast
+    ok = all(
+        r["engine_share"] >= r["peft_share"] - FOLD_SLACK and r["engine_cos"] >= r["peft_cos"] - FOLD_SLACK
+        for r in rows
+    )
+    ref_model = bf_model = fast = None  # (not del: the closures above name them)
     _free()
-    return {"lr": lr, "lora_r": args.lora_r, "prompts": ids.size(0), "draws": FOLD_DRAWS, "slack": FOLD_SLACK,
-            "rows": rows, "ok": ok}
+    return {
+        "lr": lr,
+        "lora_r": args.lora_r,
+        "prompts": ids.size(0),
+        "draws": FOLD_DRAWS,
+        "slack": FOLD_SLACK,
+        "rows": rows,
+        "ok": ok,
+    }
 
 
 def _kernel_check(device, cfg) -> float:
@@ -221,9 +249,10 @@ def _kernel_check(device, cfg) -> float:
     r = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(torch.bfloat16)  # noqa: E731
     q, kn, vn, kc, vc = r(32, kv, g, d), r(32, kv, d), r(32, kv, d), r(32, kv, 1024, d), r(32, kv, 1024, d)
     pad = torch.randint(0, 300, (32,), generator=gen, device=device)
-    want = da.reference(q.cpu(), kn.cpu(), vn.cpu(), kc.cpu(), vc.cpu(), pad.cpu(), 700, d ** -0.5)
-    got = da.decode_attention(q, kn, vn, kc, vc, pad, torch.tensor([700], device=device), d ** -0.5,
-                              da.split_count(32, kv, 1024, 132))
+    want = da.reference(q.cpu(), kn.cpu(), vn.cpu(), kc.cpu(), vc.cpu(), pad.cpu(), 700, d**-0.5)
+    got = da.decode_attention(
+        q, kn, vn, kc, vc, pad, torch.tensor([700], device=device), d**-0.5, da.split_count(32, kv, 1024, 132)
+    )
     return (got.float().cpu() - want).abs().max().item()
 
 
@@ -269,11 +298,20 @@ def decode(spec: ModelSpec, tokenizer, device, dtype, args) -> list[dict]:
             _, wall = _timed(fast.generate, prompts, on, sampling)
             tm = fast.timing
             ms = 1000 * tm["decode_s"] / max(tm["decode_steps"], 1)
-            rows.append({"engine": "fast" if attention == "auto" else f"fast ({attention} attention)", "batch": batch,
-                         "prompt_tokens": args.prompt_tokens, "new_tokens": steps,
-                         "decode_steps": tm["decode_steps"], "ms_per_step": round(ms, 3),
-                         "tokens_per_s": round(batch * 1000 / ms), "prefill_s": round(tm["prefill_s"], 3),
-                         "turn_s": round(wall, 3), "first_turn_s": round(first_s, 1)})
+            rows.append(
+                {
+                    "engine": "fast" if attention == "auto" else f"fast ({attention} attention)",
+                    "batch": batch,
+                    "prompt_tokens": args.prompt_tokens,
+                    "new_tokens": steps,
+                    "decode_steps": tm["decode_steps"],
+                    "ms_per_step": round(ms, 3),
+                    "tokens_per_s": round(batch * 1000 / ms),
+                    "prefill_s": round(tm["prefill_s"], 3),
+                    "turn_s": round(wall, 3),
+                    "first_turn_s": round(first_s, 1),
+                }
+            )
             log.info("%s", rows[-1])
             del fast
             _free()
@@ -285,17 +323,25 @@ def decode(spec: ModelSpec, tokenizer, device, dtype, args) -> list[dict]:
             outs, wall = _timed(plain.generate, prompts, on, Sampling(max_new_tokens=args.baseline_tokens))
             made = max(len(o) for o in outs)
             ms = 1000 * (wall - t_prefill) / max(made - 1, 1)
-            rows.append({"engine": "plain generate (eager, unmerged LoRA)", "batch": batch,
-                         "prompt_tokens": args.prompt_tokens, "new_tokens": made, "decode_steps": made - 1,
-                         "ms_per_step": round(ms, 3), "tokens_per_s": round(batch * 1000 / ms),
-                         "prefill_s": round(t_prefill, 3), "turn_s": round(wall, 3), "first_turn_s": None})
+            rows.append(
+                {
+                    "engine": "plain generate (eager, unmerged LoRA)",
+                    "batch": batch,
+                    "prompt_tokens": args.prompt_tokens,
+                    "new_tokens": made,
+                    "decode_steps": made - 1,
+                    "ms_per_step": round(ms, 3),
+                    "tokens_per_s": round(batch * 1000 / ms),
+                    "prefill_s": round(t_prefill, 3),
+                    "turn_s": round(wall, 3),
+                    "first_turn_s": None,
+                }
+            )
             log.info("%s", rows[-1])
             _free()
     del model
     _free()
     return rows
-
-
 
 
 def _is_kernel(e) -> bool:
@@ -330,11 +376,16 @@ def profile_decode(spec: ModelSpec, tokenizer, device, dtype, args) -> dict:
     decode = {k: (t - pre.get(k, (0.0, 0))[0], n - pre.get(k, (0.0, 0))[1]) for k, (t, n) in full.items()}
     decode = {k: v for k, v in decode.items() if v[1] > 0}
     top = sorted(decode.items(), key=lambda kv: -kv[1][0])[:15]
-    out = {"batch": batch, "prompt_tokens": args.prompt_tokens, "steps": steps, "attention": args.attention[0],
-           "gpu_ms_per_step": round(sum(t for t, _ in decode.values()) / steps / 1000, 3),
-           "kernels_per_step": round(sum(n for _, n in decode.values()) / steps),
-           "top": [{"kernel": k[:90], "us_per_step": round(t / steps, 1), "calls": n} for k, (t, n) in top]}
-    del model, fast
+    out = {
+        "batch": batch,
+        "prompt_tokens": args.prompt_tokens,
+        "steps": steps,
+        "attention": args.attention[0],
+        "gpu_ms_per_step": round(sum(t for t, _ in decode.values()) / steps / 1000, 3),
+        "kernels_per_step": round(sum(n for _, n in decode.values()) / steps),
+        "top": [{"kernel": k[:90], "us_per_step": round(t / steps, 1), "calls": n} for k, (t, n) in top],
+    }
+    model = fast = None  # (not del: kernels() names them)
     _free()
     return out
 
@@ -358,10 +409,21 @@ def _train_config(arm: str, spec: ModelSpec, args, steps: int):
     """The recipe's training settings for ``arm`` at the bench's sizes, on the fast engine."""
     from talkmethods.training.build import TrainConfig
 
-    return TrainConfig(arm=arm, seed=17, model=spec, steps=steps, sampling=Sampling(max_new_tokens=args.turn_tokens),
-                       save_every=10_000, engine="fast", micro_batches=args.micro_batches, lora_r=args.lora_r,
-                       lora_alpha=2 * args.lora_r, problems_per_step=args.problems_per_step,
-                       ada_draw_ahead=args.ada_draw_ahead, pack_seats=args.pack_seats)
+    return TrainConfig(
+        arm=arm,
+        seed=17,
+        model=spec,
+        steps=steps,
+        sampling=Sampling(max_new_tokens=args.turn_tokens),
+        save_every=10_000,
+        engine="fast",
+        micro_batches=args.micro_batches,
+        lora_r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+        problems_per_step=args.problems_per_step,
+        ada_draw_ahead=args.ada_draw_ahead,
+        pack_seats=args.pack_seats,
+    )
 
 
 def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
@@ -376,8 +438,9 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     from talkmethods.training.build import build_trainer
     from talkmethods.training.rows import group_by_length, width_step_for
 
-    trainer = build_trainer(_train_config("raft", spec, args, steps=1), problems, out / "work_profile",
-                            generator_factory=ENGINES["fast"])
+    trainer = build_trainer(
+        _train_config("raft", spec, args, steps=1), problems, out / "work_profile", generator_factory=ENGINES["fast"]
+    )
     model = trainer.model
     model.train()
     trainer.current_gradient_accumulation_steps = args.micro_batches  # what Trainer's loop sets before a step
@@ -411,18 +474,25 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     padded = sum(mb["prompt_ids"].numel() + mb["completion_ids"].numel() for mb in parts)
     n_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
     top = sorted(kern.items(), key=lambda kv: -kv[1][0])[:20]
-    res = {"arm": "raft", "rows": int((batch["completion_mask"].sum(1) > 0).sum()), "micro_batches": len(parts),
-           "turns": int(trainer._metrics["train"]["talk/rows"][-1]),
-           "tokens_real": real, "tokens_padded": padded, "completion_tokens": int(n_items),
-           "wall_s": round(wall, 3), "tokens_per_s": round(real / wall),
-           "tflops_4n": round(4 * n_params * real / wall / 1e12, 1),
-           "gpu_ms": round(sum(t for t, _ in kern.values()) / 1000, 1),
-           "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-           "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top]}
+    res = {
+        "arm": "raft",
+        "rows": int((batch["completion_mask"].sum(1) > 0).sum()),
+        "micro_batches": len(parts),
+        "turns": int(trainer._metrics["train"]["talk/rows"][-1]),
+        "tokens_real": real,
+        "tokens_padded": padded,
+        "completion_tokens": int(n_items),
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(real / wall),
+        "tflops_4n": round(4 * n_params * real / wall / 1e12, 1),
+        "gpu_ms": round(sum(t for t, _ in kern.values()) / 1000, 1),
+        "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top],
+    }
     if args.train_compile or args.train_liger:
         res.update(_train_variants(model, batch, parts, step, device, args))
     log.info("%s", res)
-    del trainer, model
+    trainer = model = None  # (not del: step() names them)
     _free()
     return res
 
@@ -437,7 +507,9 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
     from talkmethods.training.rows import group_by_length, width_step_for
 
     n = len(parts)
-    batch["advantages"] = torch.linspace(-1, 1, batch["advantages"].numel(), device=device).view_as(batch["advantages"])
+    batch["advantages"] = torch.linspace(-1, 1, batch["advantages"].numel(), device=device).view_as(
+        batch["advantages"]
+    )
     parts[:] = group_by_length(batch, n, width_step_for(device))
     (loss_e, grads_e), wall_e = _timed(step)
 
@@ -448,27 +520,39 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
     parts[:] = finer
     (_, grads_f), _ = _timed(step)
     parts[:] = group_by_length(batch, n, width_step_for(device))
-    out = {"eager": {"wall_s": round(wall_e, 3), "loss": loss_e},
-           "noise_floor": {"what": f"eager, {n} vs {len(finer)} micro-batches", "grad_rel_diff": rel(grads_f)}}
+    out = {
+        "eager": {"wall_s": round(wall_e, 3), "loss": loss_e},
+        "noise_floor": {"what": f"eager, {n} vs {len(finer)} micro-batches", "grad_rel_diff": rel(grads_f)},
+    }
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if args.train_liger:  # Liger's fused RMSNorm, SwiGLU and RoPE patched into the model (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
-        apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                    fused_linear_cross_entropy=False, model=base)
+        apply_liger_kernel_to_qwen2(
+            rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=base
+        )
         _, first = _timed(step)
         step()
         (loss_l, grads_l), wall_l = _timed(step)
-        out["liger"] = {"wall_s": round(wall_l, 3), "first_step_s": round(first, 2), "loss": loss_l,
-                        "grad_rel_diff": rel(grads_l)}
+        out["liger"] = {
+            "wall_s": round(wall_l, 3),
+            "first_step_s": round(first, 2),
+            "loss": loss_l,
+            "grad_rel_diff": rel(grads_l),
+        }
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
         _, first = _timed(step)
         step()
         (loss_c, grads_c), wall_c = _timed(step)
-        out["compiled_layers"] = {"wall_s": round(wall_c, 3), "first_step_s": round(first, 1), "loss": loss_c,
-                                  "grad_rel_diff": rel(grads_c), "with_liger": bool(args.train_liger)}
+        out["compiled_layers"] = {
+            "wall_s": round(wall_c, 3),
+            "first_step_s": round(first, 1),
+            "loss": loss_c,
+            "grad_rel_diff": rel(grads_c),
+            "with_liger": bool(args.train_liger),
+        }
     return out
 
 
@@ -482,24 +566,38 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
         cfg = _train_config(arm, spec, args, steps=args.steps)
         log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
         log_path.unlink(missing_ok=True)
-        trainer = build_trainer(cfg, problems, out / f"work_{arm}", callbacks=[StepLog(log_path)],
-                                generator_factory=ENGINES["fast"])
+        trainer = build_trainer(
+            cfg, problems, out / f"work_{arm}", callbacks=[StepLog(log_path)], generator_factory=ENGINES["fast"]
+        )
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         _, wall = _timed(trainer.train)
         peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         gen = trainer._generator
         for s in (json.loads(x) for x in log_path.read_text().splitlines()):
-            rows.append({"arm": arm, "step": s["step"], "chats": s["chats_drawn"],
-                         "chats_generated": s.get("chats_generated", s["chats_drawn"]), "rows": s["rows"],
-                         "loss_rows": s.get("loss_rows", s["rows"]),
-                         "tokens_per_turn": s["tokens_per_turn"], "longest_prompt": s["longest_prompt"],
-                         "loss_tokens": s["loss_tokens"], "loss_tokens_padded": s["loss_tokens_padded"],
-                         "gen_s": round(s["gen_s"], 3), "train_s": round(s["train_s"], 3),
-                         "logp_diff_max": s["logp_diff_max"], "logp_diff_mean": s["logp_diff_mean"],
-                         "peak_gib": round(peak, 1) if peak else None, "run_wall_s": round(wall, 1),
-                         "graph_captures": gen.captures, "capture_s": round(gen.timing["capture_s"], 1),
-                         "decode_ms_per_step": round(1000 * gen.timing["decode_s"] / max(gen.timing["decode_steps"], 1), 3)})
+            rows.append(
+                {
+                    "arm": arm,
+                    "step": s["step"],
+                    "chats": s["chats_drawn"],
+                    "chats_generated": s.get("chats_generated", s["chats_drawn"]),
+                    "rows": s["rows"],
+                    "loss_rows": s.get("loss_rows", s["rows"]),
+                    "tokens_per_turn": s["tokens_per_turn"],
+                    "longest_prompt": s["longest_prompt"],
+                    "loss_tokens": s["loss_tokens"],
+                    "loss_tokens_padded": s["loss_tokens_padded"],
+                    "gen_s": round(s["gen_s"], 3),
+                    "train_s": round(s["train_s"], 3),
+                    "logp_diff_max": s["logp_diff_max"],
+                    "logp_diff_mean": s["logp_diff_mean"],
+                    "peak_gib": round(peak, 1) if peak else None,
+                    "run_wall_s": round(wall, 1),
+                    "graph_captures": gen.captures,
+                    "capture_s": round(gen.timing["capture_s"], 1),
+                    "decode_ms_per_step": round(1000 * gen.timing["decode_s"] / max(gen.timing["decode_steps"], 1), 3),
+                }
+            )
             log.info("%s", rows[-1])
         del trainer, gen
         _free()
@@ -521,16 +619,26 @@ def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dic
         holder["g"] = FastGenerator(m, t)
         return holder["g"]
 
-    chats, wall = _timed(play_eval, model, tokenizer, flat, "eval", sampling, chats_per_problem, args.eval_chats, factory)
+    chats, wall = _timed(
+        play_eval, model, tokenizer, flat, "eval", sampling, chats_per_problem, args.eval_chats, factory
+    )
     g = holder["g"]
     tm = g.timing
-    out = {"chats": len(chats), "turns": 4, "turn_tokens": args.turn_tokens, "wall_s": round(wall, 1),
-           "prefill_s": round(tm["prefill_s"], 1), "decode_s": round(tm["decode_s"], 1),
-           "capture_s": round(tm["capture_s"], 1), "rows_padded_to": batch_bucket(len(chats)),
-           "ms_per_step": round(1000 * tm["decode_s"] / max(tm["decode_steps"], 1), 3),
-           "tokens_per_s": round(tm["row_steps"] / max(tm["decode_s"], 1e-9)),
-           "prompt_tokens": tm["prompt_tokens"], "reused_prompt_tokens": tm["reused_tokens"]}
-    del model, g, holder
+    out = {
+        "chats": len(chats),
+        "turns": 4,
+        "turn_tokens": args.turn_tokens,
+        "wall_s": round(wall, 1),
+        "prefill_s": round(tm["prefill_s"], 1),
+        "decode_s": round(tm["decode_s"], 1),
+        "capture_s": round(tm["capture_s"], 1),
+        "rows_padded_to": batch_bucket(len(chats)),
+        "ms_per_step": round(1000 * tm["decode_s"] / max(tm["decode_steps"], 1), 3),
+        "tokens_per_s": round(tm["row_steps"] / max(tm["decode_s"], 1e-9)),
+        "prompt_tokens": tm["prompt_tokens"],
+        "reused_prompt_tokens": tm["reused_tokens"],
+    }
+    model = g = holder = None  # (not del: factory() names holder)
     _free()
     return out
 
@@ -543,17 +651,25 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
         steady = steps[1:] or steps
         step_s = sum(r["gen_s"] + r["train_s"] for r in steady) / len(steady)
         first_extra = max(steps[0]["gen_s"] + steps[0]["train_s"] - step_s, 0.0)
-        per_arm[arm] = {"step_s": round(step_s, 2), "first_step_extra_s": round(first_extra, 1),
-                        "run_s": round(args.recipe_steps * step_s + first_extra, 1)}
+        per_arm[arm] = {
+            "step_s": round(step_s, 2),
+            "first_step_extra_s": round(first_extra, 1),
+            "run_s": round(args.recipe_steps * step_s + first_extra, 1),
+        }
     train_s = args.recipe_seeds * sum(v["run_s"] for v in per_arm.values())
     n_evals = len(args.arms) * args.recipe_seeds * 3 + 1  # eval, crossplay, crossplay_bA per run + base
     eval_s = n_evals * ev["wall_s"] * (args.recipe_eval_chats / ev["chats"])
-    return {"per_arm": per_arm, "training_s": round(train_s), "evals": n_evals, "eval_s": round(eval_s),
-            "total_min": round((train_s + eval_s) / 60, 1),
-            "assumes": f"{args.recipe_steps} steps × {args.recipe_seeds} seeds per arm; steady step time from steps "
-                       f"2..{args.steps} of this run, the first step's extra (compile, capture) once per run; "
-                       f"{n_evals} evals of {args.recipe_eval_chats} chats at this run's eval wall-clock; "
-                       "turns at full length (random weights); model loading not counted"}
+    return {
+        "per_arm": per_arm,
+        "training_s": round(train_s),
+        "evals": n_evals,
+        "eval_s": round(eval_s),
+        "total_min": round((train_s + eval_s) / 60, 1),
+        "assumes": f"{args.recipe_steps} steps × {args.recipe_seeds} seeds per arm; steady step time from steps "
+        f"2..{args.steps} of this run, the first step's extra (compile, capture) once per run; "
+        f"{n_evals} evals of {args.recipe_eval_chats} chats at this run's eval wall-clock; "
+        "turns at full length (random weights); model loading not counted",
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -561,23 +677,48 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="random:qwen2.5-1.5b")
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the code path, measures nothing useful")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: guard,fold,decode,arms,eval,profile,train_profile")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated sections to skip: guard,fold,decode,arms,eval,profile,train_profile",
+    )
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
-    ap.add_argument("--attention", default="auto",
-                    help="comma-separated attention forms of the decode section (auto, matmul, sdpa, triton); the first "
-                         "one also serves the guard and the profile")
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        help="comma-separated attention forms of the decode section (auto, matmul, sdpa, triton); the first "
+        "one also serves the guard and the profile",
+    )
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 32,600)")
-    ap.add_argument("--ada-rounds", dest="ada_draw_ahead", action="store_false",
-                    help="Reinforce-Ada replays round by round (default: every round drawn ahead, as config.yaml)")
+    ap.add_argument(
+        "--ada-rounds",
+        dest="ada_draw_ahead",
+        action="store_false",
+        help="Reinforce-Ada replays round by round (default: every round drawn ahead, as config.yaml)",
+    )
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms of the arms section")
-    ap.add_argument("--micro-batches", type=int, default=None,
-                    help="micro-batches a training step is split into (default 4, as config.yaml)")
-    ap.add_argument("--train-compile", action="store_true",
-                    help="experiment: also time the profiled training step with every decoder layer torch.compile'd")
-    ap.add_argument("--train-liger", action="store_true",
-                    help="experiment: also time the profiled training step with Liger's RMSNorm, SwiGLU and RoPE kernels")
-    ap.add_argument("--no-pack", dest="pack_seats", action="store_false",
-                    help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)")
+    ap.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        help="micro-batches a training step is split into (default 4, as config.yaml)",
+    )
+    ap.add_argument(
+        "--train-compile",
+        action="store_true",
+        help="experiment: also time the profiled training step with every decoder layer torch.compile'd",
+    )
+    ap.add_argument(
+        "--train-liger",
+        action="store_true",
+        help="experiment: also time the profiled training step with Liger's RMSNorm, SwiGLU and RoPE kernels",
+    )
+    ap.add_argument(
+        "--no-pack",
+        dest="pack_seats",
+        action="store_false",
+        help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)",
+    )
     args = ap.parse_args(argv)
     q = args.quick
     args.arms = args.arms.split(",")
@@ -609,9 +750,13 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else f"cpu ({platform.machine()})"
     from importlib.metadata import version
 
-    res = {"device": name, "model": args.model, "dtype": str(dtype).replace("torch.", ""),
-           "versions": {p: version(p) for p in ("torch", "transformers", "trl", "peft")},
-           "settings": {k: v for k, v in vars(args).items() if k not in ("out",)}}
+    res = {
+        "device": name,
+        "model": args.model,
+        "dtype": str(dtype).replace("torch.", ""),
+        "versions": {p: version(p) for p in ("torch", "transformers", "trl", "peft")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
+    }
 
     def save():
         write_json(out / "speed.json", res)
@@ -639,8 +784,10 @@ def main(argv: list[str] | None = None) -> None:
             _free()
         res.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
         if name == "fold" and name in res and not res[name]["ok"] and not q:  # --quick measures nothing to hold to
-            res.setdefault("errors", {})[name] = (f"the engine's folded adapter trails PEFT's bf16 forward by more than "
-                                                  f"{FOLD_SLACK} (share or cosine): {res[name]['rows']}")
+            res.setdefault("errors", {})[name] = (
+                f"the engine's folded adapter trails PEFT's bf16 forward by more than "
+                f"{FOLD_SLACK} (share or cosine): {res[name]['rows']}"
+            )
         save()
     shutil.rmtree(work, ignore_errors=True)
     if "arms" in res and "eval" in res:
@@ -655,76 +802,119 @@ def main(argv: list[str] | None = None) -> None:
 
 def table(res: dict) -> str:
     """The benchmark's results as markdown tables."""
-    lines = [f"device: {res['device']}; model {res['model']} ({res['dtype']}, random weights); "
-             f"torch {res['versions']['torch']}, transformers {res['versions']['transformers']}", ""]
+    lines = [
+        f"device: {res['device']}; model {res['model']} ({res['dtype']}, random weights); "
+        f"torch {res['versions']['torch']}, transformers {res['versions']['transformers']}",
+        "",
+    ]
     if "guard" in res:
         g = res["guard"]
-        lines += [f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one call): "
-                  f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows); adapter changes output: "
-                  f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}"
-                  + (f"; Triton decode attention in bf16 vs fp32 softmax: max |Δ| {g['decode_attention_bf16_max_abs_diff']:.1e}"
-                     if g.get("decode_attention_bf16_max_abs_diff") is not None else "")
-                  + (f"; Triton sampler vs torch's rule: {g['sampler']['same_tokens']}/{g['sampler']['rows']} tokens equal, "
-                     f"max |Δ log-prob| {g['sampler']['logp_max_abs_diff']:.1e}" if g.get("sampler") else ""), ""]
+        lines += [
+            f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one call): "
+            f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows); adapter changes output: "
+            f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}"
+            + (
+                f"; Triton decode attention in bf16 vs fp32 softmax: max |Δ| {g['decode_attention_bf16_max_abs_diff']:.1e}"
+                if g.get("decode_attention_bf16_max_abs_diff") is not None
+                else ""
+            )
+            + (
+                f"; Triton sampler vs torch's rule: {g['sampler']['same_tokens']}/{g['sampler']['rows']} tokens equal, "
+                f"max |Δ log-prob| {g['sampler']['logp_max_abs_diff']:.1e}"
+                if g.get("sampler")
+                else ""
+            ),
+            "",
+        ]
     if "fold" in res:
         f = res["fold"]
-        lines += [f"adapter fold (bf16, LoRA r={f['lora_r']}, B = k Adam-sized steps of lr {f['lr']:g}, mean of {f['draws']} draws; "
-                  f"the adapter's effect on the last-position logits of {f['prompts']} prompts against fp32 PEFT; fails if the "
-                  f"engine trails PEFT by > {f['slack']}): {'ok' if f['ok'] else 'FAILED'}"
-                  + (" (not enforced: --quick measures nothing)" if res["settings"]["quick"] else ""),
-                  "| k | effect rms | share: PEFT bf16 | trainer | engine | cosine: PEFT bf16 | trainer | engine |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['k']} | {r['effect_rms']:.2e} | {r['peft_share']:.3f} | {r['trainer_share']:.3f} | "
-                  f"{r['engine_share']:.3f} | {r['peft_cos']:.3f} | {r['trainer_cos']:.3f} | {r['engine_cos']:.3f} |"
-                  for r in f["rows"]]
+        lines += [
+            f"adapter fold (bf16, LoRA r={f['lora_r']}, B = k Adam-sized steps of lr {f['lr']:g}, mean of {f['draws']} draws; "
+            f"the adapter's effect on the last-position logits of {f['prompts']} prompts against fp32 PEFT; fails if the "
+            f"engine trails PEFT by > {f['slack']}): {'ok' if f['ok'] else 'FAILED'}"
+            + (" (not enforced: --quick measures nothing)" if res["settings"]["quick"] else ""),
+            "| k | effect rms | share: PEFT bf16 | trainer | engine | cosine: PEFT bf16 | trainer | engine |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['k']} | {r['effect_rms']:.2e} | {r['peft_share']:.3f} | {r['trainer_share']:.3f} | "
+            f"{r['engine_share']:.3f} | {r['peft_cos']:.3f} | {r['trainer_cos']:.3f} | {r['engine_cos']:.3f} |"
+            for r in f["rows"]
+        ]
         lines.append("")
     if "decode" in res:
-        lines += ["| engine | batch | prompt | new tokens | ms / decode step | tokens/s | prefill s | turn s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['engine']} | {r['batch']} | {r['prompt_tokens']} | {r['new_tokens']} | {r['ms_per_step']:.2f} | "
-                  f"{r['tokens_per_s']:,} | {r['prefill_s']:.2f} | {r['turn_s']:.2f} |" for r in res["decode"]]
+        lines += [
+            "| engine | batch | prompt | new tokens | ms / decode step | tokens/s | prefill s | turn s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['engine']} | {r['batch']} | {r['prompt_tokens']} | {r['new_tokens']} | {r['ms_per_step']:.2f} | "
+            f"{r['tokens_per_s']:,} | {r['prefill_s']:.2f} | {r['turn_s']:.2f} |"
+            for r in res["decode"]
+        ]
         lines.append("")
     if "arms" in res:
-        lines += ["| arm | step | chats used / played | turns / loss rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['arm']} | {r['step']} | {r['chats']:.0f} / {r['chats_generated']:.0f} | {r['rows']:.0f} / {r['loss_rows']:.0f} | {r['tokens_per_turn']:.0f} | "
-                  f"{r['gen_s']:.2f} | {r['train_s']:.2f} | {r['logp_diff_max']} | {r['peak_gib']} | "
-                  f"{r['decode_ms_per_step']} |" for r in res["arms"]]
+        lines += [
+            "| arm | step | chats used / played | turns / loss rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['arm']} | {r['step']} | {r['chats']:.0f} / {r['chats_generated']:.0f} | {r['rows']:.0f} / {r['loss_rows']:.0f} | {r['tokens_per_turn']:.0f} | "
+            f"{r['gen_s']:.2f} | {r['train_s']:.2f} | {r['logp_diff_max']} | {r['peak_gib']} | "
+            f"{r['decode_ms_per_step']} |"
+            for r in res["arms"]
+        ]
         lines.append("")
     if "profile" in res:
         pr = res["profile"]
-        lines += [f"decode profile (batch {pr['batch']}, {pr.get('attention', 'auto')} attention, compiled step without "
-                  f"graphs): {pr['gpu_ms_per_step']} ms of "
-                  f"GPU time per step in {pr['kernels_per_step']} kernels; top kernels (µs per step):"]
+        lines += [
+            f"decode profile (batch {pr['batch']}, {pr.get('attention', 'auto')} attention, compiled step without "
+            f"graphs): {pr['gpu_ms_per_step']} ms of "
+            f"GPU time per step in {pr['kernels_per_step']} kernels; top kernels (µs per step):"
+        ]
         lines += [f"- {t['us_per_step']} µs in {t['calls'] / pr['steps']:.0f} calls: {t['kernel']}" for t in pr["top"]]
         lines.append("")
     if "train_profile" in res:
         t = res["train_profile"]
-        lines += [f"training step profile ({t['arm']}, {t.get('turns', t['rows'])} turns in {t['rows']} rows, {t['micro_batches']} micro-batches, "
-                  f"{t['tokens_real']:,} real / {t['tokens_padded']:,} padded tokens, loss on {t['completion_tokens']:,}): "
-                  f"{t['wall_s']} s wall ({t['tokens_per_s']:,} tok/s, {t['tflops_4n']} TFLOP/s at 4·N a token), "
-                  f"{t['gpu_ms']} ms of kernels: " + ", ".join(f"{k} {v}" for k, v in t["by_kind_ms"].items()) + " ms"]
+        lines += [
+            f"training step profile ({t['arm']}, {t.get('turns', t['rows'])} turns in {t['rows']} rows, {t['micro_batches']} micro-batches, "
+            f"{t['tokens_real']:,} real / {t['tokens_padded']:,} padded tokens, loss on {t['completion_tokens']:,}): "
+            f"{t['wall_s']} s wall ({t['tokens_per_s']:,} tok/s, {t['tflops_4n']} TFLOP/s at 4·N a token), "
+            f"{t['gpu_ms']} ms of kernels: " + ", ".join(f"{k} {v}" for k, v in t["by_kind_ms"].items()) + " ms"
+        ]
         lines += [f"- {k['ms']} ms in {k['calls']} calls: {k['kernel']}" for k in t["top"]]
         if "noise_floor" in t:
-            lines += [f"- gradient check (non-zero advantages; relative gradient norm against eager {t['eager']['wall_s']} s): "
-                      f"noise floor ({t['noise_floor']['what']}) {t['noise_floor']['grad_rel_diff']:.2e}"]
-            for name, label in (("liger", "Liger RMSNorm + SwiGLU + RoPE"), ("compiled_layers", "decoder layers torch.compile'd")):
+            lines += [
+                f"- gradient check (non-zero advantages; relative gradient norm against eager {t['eager']['wall_s']} s): "
+                f"noise floor ({t['noise_floor']['what']}) {t['noise_floor']['grad_rel_diff']:.2e}"
+            ]
+            for name, label in (
+                ("liger", "Liger RMSNorm + SwiGLU + RoPE"),
+                ("compiled_layers", "decoder layers torch.compile'd"),
+            ):
                 if name in t:
                     c = t[name]
-                    lines += [f"- {label}: {c['wall_s']} s a step (first {c['first_step_s']} s), loss {c['loss']:.6g} "
-                              f"against {t['eager']['loss']:.6g}, gradients {c['grad_rel_diff']:.2e} from eager"]
+                    lines += [
+                        f"- {label}: {c['wall_s']} s a step (first {c['first_step_s']} s), loss {c['loss']:.6g} "
+                        f"against {t['eager']['loss']:.6g}, gradients {c['grad_rel_diff']:.2e} from eager"
+                    ]
         lines.append("")
     if "eval" in res:
         e = res["eval"]
-        lines += [f"eval batch: {e['chats']} chats × 4 turns × {e['turn_tokens']} tokens in {e['wall_s']} s "
-                  f"(decode {e['decode_s']} s at {e['ms_per_step']} ms/step, batch padded to {e['rows_padded_to']}; "
-                  f"prefill {e['prefill_s']} s, {e.get('reused_prompt_tokens', 0):,} of {e.get('prompt_tokens', 0):,} prompt "
-                  f"tokens continued from the seat's cached turn; capture {e['capture_s']} s)", ""]
+        lines += [
+            f"eval batch: {e['chats']} chats × 4 turns × {e['turn_tokens']} tokens in {e['wall_s']} s "
+            f"(decode {e['decode_s']} s at {e['ms_per_step']} ms/step, batch padded to {e['rows_padded_to']}; "
+            f"prefill {e['prefill_s']} s, {e.get('reused_prompt_tokens', 0):,} of {e.get('prompt_tokens', 0):,} prompt "
+            f"tokens continued from the seat's cached turn; capture {e['capture_s']} s)",
+            "",
+        ]
     if "projection" in res:
         p = res["projection"]
-        lines += [f"projected full recipe: {p['total_min']} min (training {p['training_s']} s, {p['evals']} evals "
-                  f"{p['eval_s']} s); per arm: " + ", ".join(f"{a} {v['step_s']} s/step" for a, v in p["per_arm"].items()),
-                  f"({p['assumes']})"]
+        lines += [
+            f"projected full recipe: {p['total_min']} min (training {p['training_s']} s, {p['evals']} evals "
+            f"{p['eval_s']} s); per arm: " + ", ".join(f"{a} {v['step_s']} s/step" for a, v in p["per_arm"].items()),
+            f"({p['assumes']})",
+        ]
     return "\n".join(lines)
 
 

@@ -50,7 +50,7 @@ def _module_file(name):
     parts = name.split(".")
     root = workflow.basedir if parts[0] == "talkmethods" else SCRIPTS
     base = os.path.join(root, *parts)
-    for path in (base + ".py", os.path.join(base, "__init__.py")):
+    for path in (f"{base}.py", os.path.join(base, "__init__.py")):
         if os.path.isfile(path):
             return path
     return None

@@ -30,10 +30,11 @@ import logging
 import math
 import os
 import zlib
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,12 +64,35 @@ KINDS = RUN_EVAL_KINDS
 """Trained eval kinds read per arm and seed, in card order."""
 KIND_FILES = {kind: spec["file"] for kind, spec in EVAL_KINDS.items()}
 CSV_COLUMNS = [
-    "arm", "seed", "kind", "team_accuracy", "both_right", "a_accuracy", "b_accuracy", "no_box_rate",
-    "chars_A", "chars_B", "partner_use_A", "partner_use_B", "learned", "p_value",
-    "chats_drawn_per_step", "gen_s", "train_s",
+    "arm",
+    "seed",
+    "kind",
+    "team_accuracy",
+    "both_right",
+    "a_accuracy",
+    "b_accuracy",
+    "no_box_rate",
+    "chars_A",
+    "chars_B",
+    "partner_use_A",
+    "partner_use_B",
+    "learned",
+    "p_value",
+    "chats_drawn_per_step",
+    "gen_s",
+    "train_s",
 ]
-FIGURES = ["team_accuracy", "both_right", "a_accuracy", "b_accuracy", "no_box_rate",
-           "chars_A", "chars_B", "partner_use_A", "partner_use_B"]
+FIGURES = [
+    "team_accuracy",
+    "both_right",
+    "a_accuracy",
+    "b_accuracy",
+    "no_box_rate",
+    "chars_A",
+    "chars_B",
+    "partner_use_A",
+    "partner_use_B",
+]
 """The per-eval figures of a CSV row, in column order."""
 
 
@@ -126,8 +150,9 @@ def _read_json(path: Path, what: str) -> Any:
         raise ResultsError(f"{path}: cannot read {what}: {exc}") from exc
 
 
-def load_eval(path: str | os.PathLike, kind: str | None = None, arm: str | None = None,
-              seed: int | None = None) -> dict:
+def load_eval(
+    path: str | os.PathLike, kind: str | None = None, arm: str | None = None, seed: int | None = None
+) -> dict:
     """Read and validate one eval JSON; check that it is the ``kind``/``arm``/``seed`` its path says.
 
     Raises:
@@ -234,10 +259,15 @@ def _figures(obj: dict) -> dict:
     """The CSV figures of one eval JSON."""
     m = obj["metrics"]
     return {
-        "team_accuracy": m["team_accuracy"], "both_right": m["both_right"],
-        "a_accuracy": m["a_accuracy"], "b_accuracy": m["b_accuracy"], "no_box_rate": m["no_box_rate"],
-        "chars_A": m["chars_per_seat"]["A"], "chars_B": m["chars_per_seat"]["B"],
-        "partner_use_A": m["partner_fact_use"]["A"], "partner_use_B": m["partner_fact_use"]["B"],
+        "team_accuracy": m["team_accuracy"],
+        "both_right": m["both_right"],
+        "a_accuracy": m["a_accuracy"],
+        "b_accuracy": m["b_accuracy"],
+        "no_box_rate": m["no_box_rate"],
+        "chars_A": m["chars_per_seat"]["A"],
+        "chars_B": m["chars_per_seat"]["B"],
+        "partner_use_A": m["partner_fact_use"]["A"],
+        "partner_use_B": m["partner_fact_use"]["B"],
     }
 
 
@@ -302,8 +332,14 @@ def _mean_curve(curves: Sequence[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def summarize(results_dir: str | os.PathLike, arms: Sequence[str], seeds: Sequence[int],
-              n_boot: int = 10_000, alpha: float = 0.05, seed: int = 0) -> dict:
+def summarize(
+    results_dir: str | os.PathLike,
+    arms: Sequence[str],
+    seeds: Sequence[int],
+    n_boot: int = 10_000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict:
     """Summarize every eval and training run of ``results_dir`` (layout in the module docstring).
 
     Args:
@@ -363,11 +399,19 @@ def summarize(results_dir: str | os.PathLike, arms: Sequence[str], seeds: Sequen
     base_ids = list(base_obj["per_problem"]["ids"])
     base_rewards = np.array(base_obj["per_problem"]["rewards"], dtype=float)
     b_ci = stats.bootstrap_ci(base_rewards, n_boot=n_boot, alpha=alpha, seed=_rng(seed, "base"))
-    base = {"mean": b_ci.mean, "lo": b_ci.lo, "hi": b_ci.hi, **_figures(base_obj),
-            "wall_s": base_obj["provenance"]["wall_s"], "device": base_obj["provenance"]["device"]}
+    base = {
+        "mean": b_ci.mean,
+        "lo": b_ci.lo,
+        "hi": b_ci.hi,
+        **_figures(base_obj),
+        "wall_s": base_obj["provenance"]["wall_s"],
+        "device": base_obj["provenance"]["device"],
+    }
 
-    checks = {"selftest": load_selftest(root / "selftest.json"),
-              "split_stats": load_split_stats(root / "data" / "split_stats.json")}
+    checks = {
+        "selftest": load_selftest(root / "selftest.json"),
+        "split_stats": load_split_stats(root / "data" / "split_stats.json"),
+    }
 
     rows: list[dict] = []
     per_arm: dict[str, dict] = {}
@@ -392,24 +436,42 @@ def summarize(results_dir: str | os.PathLike, arms: Sequence[str], seeds: Sequen
             per_seed = []
             for s in seeds:
                 obj, rewards = runs[s][1][kind]
-                test = stats.paired_bootstrap_test(rewards, base_rewards, n_boot=n_boot, alpha=alpha,
-                                                   seed=_rng(seed, "paired", arm, s, kind))
+                test = stats.paired_bootstrap_test(
+                    rewards, base_rewards, n_boot=n_boot, alpha=alpha, seed=_rng(seed, "paired", arm, s, kind)
+                )
                 beats = bool(test["p_value"] <= alpha)
-                per_seed.append({"seed": s, "value": obj["metrics"]["team_accuracy"],
-                                 "p_value": test["p_value"], "beats_base": beats})
+                per_seed.append(
+                    {
+                        "seed": s,
+                        "value": obj["metrics"]["team_accuracy"],
+                        "p_value": test["p_value"],
+                        "beats_base": beats,
+                    }
+                )
                 train = runs[s][0]
-                rows.append({
-                    "arm": arm, "seed": s, "kind": kind, **_figures(obj),
-                    "learned": beats if kind == "eval" else None, "p_value": test["p_value"],
-                    "chats_drawn_per_step": train["chats_drawn_per_step"],
-                    "gen_s": train["gen_s"], "train_s": train["train_s"],
-                })
+                rows.append(
+                    {
+                        "arm": arm,
+                        "seed": s,
+                        "kind": kind,
+                        **_figures(obj),
+                        "learned": beats if kind == "eval" else None,
+                        "p_value": test["p_value"],
+                        "chats_drawn_per_step": train["chats_drawn_per_step"],
+                        "gen_s": train["gen_s"],
+                        "train_s": train["train_s"],
+                    }
+                )
             matrix = np.stack([runs[s][1][kind][1] for s in seeds])
-            ci = stats.hierarchical_bootstrap_ci(matrix, n_boot=n_boot, alpha=alpha,
-                                                 seed=_rng(seed, "hierarchical", arm, kind))
+            ci = stats.hierarchical_bootstrap_ci(
+                matrix, n_boot=n_boot, alpha=alpha, seed=_rng(seed, "hierarchical", arm, kind)
+            )
             figs = [_figures(runs[s][1][kind][0]) for s in seeds]
             kinds_out[kind] = {
-                "mean": ci.mean, "lo": ci.lo, "hi": ci.hi, "per_seed": per_seed,
+                "mean": ci.mean,
+                "lo": ci.lo,
+                "hi": ci.hi,
+                "per_seed": per_seed,
                 "seeds_beat_base": sum(p["beats_base"] for p in per_seed),
                 "overlaps_base": stats.intervals_overlap((ci.lo, ci.hi), (b_ci.lo, b_ci.hi)),
                 "figures": {f: _mean(fg[f] for fg in figs) for f in FIGURES},
@@ -436,18 +498,42 @@ def summarize(results_dir: str | os.PathLike, arms: Sequence[str], seeds: Sequen
             },
         }
 
-    rows.append({"arm": "base", "seed": None, "kind": "base", **_figures(base_obj), "learned": None,
-                 "p_value": None, "chats_drawn_per_step": None, "gen_s": None, "train_s": None})
+    rows.append(
+        {
+            "arm": "base",
+            "seed": None,
+            "kind": "base",
+            **_figures(base_obj),
+            "learned": None,
+            "p_value": None,
+            "chats_drawn_per_step": None,
+            "gen_s": None,
+            "train_s": None,
+        }
+    )
 
     comparisons = []
     for i, x in enumerate(arms):
-        for y in arms[i + 1:]:
+        for y in arms[i + 1 :]:
             kx, ky = per_arm[x]["kinds"]["eval"], per_arm[y]["kinds"]["eval"]
             poi = stats.probability_of_improvement_ci(
-                [p["value"] for p in kx["per_seed"]], [p["value"] for p in ky["per_seed"]],
-                n_boot=n_boot, alpha=alpha, seed=_rng(seed, "poi", x, y))
-            comparisons.append({"x": x, "y": y, "kind": "eval", "poi": poi.mean, "lo": poi.lo, "hi": poi.hi,
-                                "overlap": stats.intervals_overlap((kx["lo"], kx["hi"]), (ky["lo"], ky["hi"]))})
+                [p["value"] for p in kx["per_seed"]],
+                [p["value"] for p in ky["per_seed"]],
+                n_boot=n_boot,
+                alpha=alpha,
+                seed=_rng(seed, "poi", x, y),
+            )
+            comparisons.append(
+                {
+                    "x": x,
+                    "y": y,
+                    "kind": "eval",
+                    "poi": poi.mean,
+                    "lo": poi.lo,
+                    "hi": poi.hi,
+                    "overlap": stats.intervals_overlap((kx["lo"], kx["hi"]), (ky["lo"], ky["hi"])),
+                }
+            )
 
     gen = _total(per_arm[a]["train"]["gen_s"] for a in arms)
     trn = _total(per_arm[a]["train"]["train_s"] for a in arms)
@@ -469,10 +555,13 @@ def summarize(results_dir: str | os.PathLike, arms: Sequence[str], seeds: Sequen
         "comparisons": comparisons,
         "checks": checks,
         "compute": {
-            "train_gen_s": gen, "train_train_s": trn, "eval_wall_s": ev,
+            "train_gen_s": gen,
+            "train_train_s": trn,
+            "eval_wall_s": ev,
             "total_s": (gen or 0.0) + (trn or 0.0) + ev,
             "devices": sorted(devices),
-            "versions": base_obj["provenance"]["versions"], "git": base_obj["provenance"]["git"],
+            "versions": base_obj["provenance"]["versions"],
+            "git": base_obj["provenance"]["git"],
         },
     }
     log.info("summarized %d arms x %d seeds on %d problems from %s", len(arms), len(seeds), len(base_ids), root)

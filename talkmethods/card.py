@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from talkmethods.aggregate import KINDS, ResultsError, load_selftest, load_split_stats
 from talkmethods.atomic import atomic_path, write_text
@@ -38,17 +39,31 @@ from talkmethods.recipe import EVAL_KINDS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OFFLINE_LINE", "OFFLINE_TITLE", "REFERENCES", "KIND_LABELS", "learned_sentences", "render_card",
-           "plot_card", "write_card"]
+__all__ = [
+    "OFFLINE_LINE",
+    "OFFLINE_TITLE",
+    "REFERENCES",
+    "KIND_LABELS",
+    "learned_sentences",
+    "render_card",
+    "plot_card",
+    "write_card",
+]
 
-OFFLINE_LINE = ("**Toy world: a small model warm-started (SFT) on generated running-count problems, not Qwen on "
-                "GSM8K; the numbers compare the methods on this toy world only.**")
-OFFLINE_TITLE = ("Toy world: a small warm-started model on generated running-count problems, not Qwen on "
-                 "GSM8K; the numbers compare the methods on this toy world only")
+OFFLINE_LINE = (
+    "**Toy world: a small model warm-started (SFT) on generated running-count problems, not Qwen on "
+    "GSM8K; the numbers compare the methods on this toy world only.**"
+)
+OFFLINE_TITLE = (
+    "Toy world: a small warm-started model on generated running-count problems, not Qwen on "
+    "GSM8K; the numbers compare the methods on this toy world only"
+)
 # An offline card whose meta says outright that there was no warm start: the tiny model is
 # untrained, so its numbers only exercise the pipeline (the old offline default).
-OFFLINE_UNTRAINED_LINE = ("**Offline, untrained: the numbers on this card exercise the pipeline and say nothing "
-                          "about the methods** (tiny model with random weights, generated problems).")
+OFFLINE_UNTRAINED_LINE = (
+    "**Offline, untrained: the numbers on this card exercise the pipeline and say nothing "
+    "about the methods** (tiny model with random weights, generated problems)."
+)
 OFFLINE_UNTRAINED_TITLE = "Offline, untrained: these numbers exercise the pipeline and say nothing about the methods"
 
 KIND_LABELS = {kind: spec["label"] for kind, spec in EVAL_KINDS.items()}
@@ -161,8 +176,10 @@ def _ranking_line(summary: dict) -> str:
     if _indistinct(summary):
         ci = _ci(_eval(summary, arms[0]))
         ref = f"as does base × base {_ci(base)}" if ci == _ci(base) else f"against base × base {_ci(base)}"
-        return (f"Nothing separates the arms: {_join(arms)} all score {ci} in held-out team accuracy "
-                f"(mean [{_level(summary)} interval]), {ref}.")
+        return (
+            f"Nothing separates the arms: {_join(arms)} all score {ci} in held-out team accuracy "
+            f"(mean [{_level(summary)} interval]), {ref}."
+        )
     parts, prev = [], None
     for i, arm in enumerate(_ranked(summary)):
         a = summary["per_arm"][arm]
@@ -172,8 +189,10 @@ def _ranking_line(summary: dict) -> str:
             text = ("= " if _f(prev) == _f(_eval(summary, arm)["mean"]) else "> ") + text
         parts.append(text)
         prev = _eval(summary, arm)["mean"]
-    return (f"Ranking by held-out team accuracy (mean [{_level(summary)} interval]): {' '.join(parts)}; "
-            f"base × base {_ci(base)} for reference.")
+    return (
+        f"Ranking by held-out team accuracy (mean [{_level(summary)} interval]): {' '.join(parts)}; "
+        f"base × base {_ci(base)} for reference."
+    )
 
 
 def _learned_clause(summary: dict) -> str:
@@ -184,12 +203,13 @@ def _learned_clause(summary: dict) -> str:
         groups.setdefault((a["seeds_learned"], a["n_seeds"]), []).append(arm)
     test = f"beats base × base in a one-sided paired bootstrap over problems at {_level(summary)}"
     if len(groups) == 1 and len(summary["arms"]) > 1:
-        (k, n), = groups
+        ((k, n),) = groups
         counts = f"no arm on any of its {n} seeds" if k == 0 else f"every arm on {k} of {n} seeds"
     else:
         order = sorted(groups, key=lambda kn: -kn[0] / kn[1])
-        counts = ", ".join(f"{_join(groups[kn])} on {kn[0]} of {kn[1]}" + (" seeds" if i == 0 else "")
-                           for i, kn in enumerate(order))
+        counts = ", ".join(
+            f"{_join(groups[kn])} on {kn[0]} of {kn[1]}" + (" seeds" if i == 0 else "") for i, kn in enumerate(order)
+        )
     return f"Learned ({test}): {counts}."
 
 
@@ -210,8 +230,7 @@ def _supported(summary: dict, x: str, y: str, comp: dict) -> bool:
     interval lies above 0.5. Overlap alone is a coarse check (intervals can overlap while a
     difference is real, and the reverse with few seeds), so a gap is called only when both agree.
     """
-    return (not comp["overlap"] and comp["lo"] > 0.5
-            and _eval(summary, x)["mean"] > _eval(summary, y)["mean"])
+    return not comp["overlap"] and comp["lo"] > 0.5 and _eval(summary, x)["mean"] > _eval(summary, y)["mean"]
 
 
 def _poi_text(x: str, y: str, comp: dict) -> str:
@@ -238,10 +257,16 @@ def _gaps_clause(summary: dict) -> str:
         return ""
     ahead = [(o, c) for o, c in pairs if _supported(summary, top, o, c)]
     noise = [(o, c) for o, c in pairs if not _supported(summary, top, o, c)]
-    ahead_text = (f"supported over {_join([o for o, _ in ahead])} ({_level(summary)} intervals apart; "
-                  + ", ".join(_poi_text(top, o, c) for o, c in ahead) + ")")
-    noise_text = (f"within noise over {_join([o for o, _ in noise])}: needs more seeds ({_noise_reason(noise)}; "
-                  + ", ".join(_poi_text(top, o, c) for o, c in noise) + ")")
+    ahead_text = (
+        f"supported over {_join([o for o, _ in ahead])} ({_level(summary)} intervals apart; "
+        + ", ".join(_poi_text(top, o, c) for o, c in ahead)
+        + ")"
+    )
+    noise_text = (
+        f"within noise over {_join([o for o, _ in noise])}: needs more seeds ({_noise_reason(noise)}; "
+        + ", ".join(_poi_text(top, o, c) for o, c in noise)
+        + ")"
+    )
     if ahead and noise:
         out = f"{top}'s lead is {ahead_text} but {noise_text}."
     else:
@@ -251,7 +276,7 @@ def _gaps_clause(summary: dict) -> str:
     # the old per-pair list without repeating every P(x > y).
     others = []
     for i, x in enumerate(rest):
-        for y in rest[i + 1:]:
+        for y in rest[i + 1 :]:
             c = _oriented(summary, x, y)
             if c is not None:
                 others.append((x, y, c))
@@ -290,9 +315,11 @@ def _carry_clause(summary: dict, kind: str, with_base: bool = True) -> str | Non
         verdict = "overlap" if k["overlaps_base"] else "above" if k["lo"] > base["hi"] else "below"
         groups[verdict].append((arm, k))
     every = len(arms) == len(summary["arms"])
-    say = {"above": ("is above", "are above", ", so the skill carries over to a base partner"),
-           "overlap": ("overlaps", "overlap", ", so no carry-over to a base partner is shown"),
-           "below": ("is below", "are below", ": the pairing does worse than two base models")}
+    say = {
+        "above": ("is above", "are above", ", so the skill carries over to a base partner"),
+        "overlap": ("overlaps", "overlap", ", so no carry-over to a base partner is shown"),
+        "below": ("is below", "are below", ": the pairing does worse than two base models"),
+    }
     parts = []
     for verdict, group in groups.items():
         if group:
@@ -334,8 +361,10 @@ def _cost_line(summary: dict) -> str | None:
         against = ", ".join(f"{a} {_f(drawn[a], 1)}" for a in others) + f" (mean {_f(ref, 1)})"
     ada_text = _join([f"{a} {_f(drawn[a], 1)}" for a in ada])
     ratio = f" ({', '.join(f'{drawn[a] / ref:.2f}×' for a in ada)})" if ref > 0 else ""
-    return (f"Cost of Reinforce-Ada's adaptive sampling: chats drawn per training step, {ada_text} against "
-            f"{against}{ratio}.")
+    return (
+        f"Cost of Reinforce-Ada's adaptive sampling: chats drawn per training step, {ada_text} against "
+        f"{against}{ratio}."
+    )
 
 
 def _seat_mean(figures: dict, key: str) -> float | None:
@@ -370,8 +399,7 @@ def _messages_line(summary: dict) -> str | None:
         parts.append(f"partner-fact use from {use[0]} to {use[1]} (base × base {use[2]})")
     if not parts:
         return None
-    return ("Messages (held-out, mean over seeds and seats; point values without intervals): "
-            + "; ".join(parts) + ".")
+    return "Messages (held-out, mean over seeds and seats; point values without intervals): " + "; ".join(parts) + "."
 
 
 def learned_sentences(summary: dict) -> list[str]:
@@ -396,8 +424,13 @@ def learned_sentences(summary: dict) -> list[str]:
     Returns:
       The lines, without bullets.
     """
-    lines = [_ranking_line(summary), _statistics_line(summary), _crossplay_line(summary),
-             _cost_line(summary), _messages_line(summary)]
+    lines = [
+        _ranking_line(summary),
+        _statistics_line(summary),
+        _crossplay_line(summary),
+        _cost_line(summary),
+        _messages_line(summary),
+    ]
     return [s for s in lines if s]
 
 
@@ -423,10 +456,12 @@ def _recipe_lines(recipe: dict) -> list[str]:
 
 # What TRL's dapo normaliser (the token sum divided by every scored token of the generation batch)
 # means for the arms' updates: a reader comparing step sizes across arms needs both facts.
-DAPO_NOTE = ("- Loss normalisation: `dapo` divides the token sum by every scored token of the step's batch, so "
-             "RAFT's unsolved chats (advantage 0) still count in the denominator and shrink its solved chats' "
-             "weight, and mixed, whose base-partner B turns are not trained (a quarter of its seat turns), "
-             "has ~25% fewer scored tokens a step than GRPO.")
+DAPO_NOTE = (
+    "- Loss normalisation: `dapo` divides the token sum by every scored token of the step's batch, so "
+    "RAFT's unsolved chats (advantage 0) still count in the denominator and shrink its solved chats' "
+    "weight, and mixed, whose base-partner B turns are not trained (a quarter of its seat turns), "
+    "has ~25% fewer scored tokens a step than GRPO."
+)
 
 
 def _is_cpu(summary: dict, meta: dict) -> bool:
@@ -455,8 +490,11 @@ def _setup_lines(meta: dict) -> list[str]:
         lines.append(f"- World: {meta['world']}")
     warm = meta.get("warmstart")
     if warm:
-        detail = ", ".join(f"{str(k).replace('_', ' ')} {v}" for k, v in warm.items()) if isinstance(warm, dict) \
+        detail = (
+            ", ".join(f"{str(k).replace('_', ' ')} {v}" for k, v in warm.items())
+            if isinstance(warm, dict)
             else str(warm)
+        )
         lines.append(f"- Warm start: SFT, {detail}")
     prompt = meta.get("prompt")
     if prompt == "short":
@@ -498,8 +536,10 @@ def _result_lines(summary: dict) -> list[str]:
         a = summary["per_arm"][arm]
         k = a["kinds"]
         per_seed = ", ".join(_f(p["value"]) for p in k["eval"]["per_seed"])
-        lines.append(f"| {arm} | {_ci(k['eval'])} | {per_seed} | {a['seeds_learned']}/{a['n_seeds']} | "
-                     f"{_ci(k['crossplay'])} | {_ci(k['crossplay_bA'])} | {_f(a['train']['chats_drawn_per_step'], 1)} |")
+        lines.append(
+            f"| {arm} | {_ci(k['eval'])} | {per_seed} | {a['seeds_learned']}/{a['n_seeds']} | "
+            f"{_ci(k['crossplay'])} | {_ci(k['crossplay_bA'])} | {_f(a['train']['chats_drawn_per_step'], 1)} |"
+        )
     lines.append(f"| base × base | {_ci(summary['base'])} | — | — | — | — | — |")
     lines += [
         "",
@@ -515,11 +555,15 @@ def _result_lines(summary: dict) -> list[str]:
     ]
     for arm in summary["arms"]:
         f = summary["per_arm"][arm]["kinds"]["eval"]["figures"]
-        lines.append(f"| {arm} | {_f(f['chars_A'], 0)} | {_f(f['chars_B'], 0)} | {_f(f['partner_use_A'])} | "
-                     f"{_f(f['partner_use_B'])} | {_f(f['no_box_rate'])} | {_f(f['both_right'])} |")
+        lines.append(
+            f"| {arm} | {_f(f['chars_A'], 0)} | {_f(f['chars_B'], 0)} | {_f(f['partner_use_A'])} | "
+            f"{_f(f['partner_use_B'])} | {_f(f['no_box_rate'])} | {_f(f['both_right'])} |"
+        )
     b = summary["base"]
-    lines.append(f"| base × base | {_f(b['chars_A'], 0)} | {_f(b['chars_B'], 0)} | {_f(b['partner_use_A'])} | "
-                 f"{_f(b['partner_use_B'])} | {_f(b['no_box_rate'])} | {_f(b['both_right'])} |")
+    lines.append(
+        f"| base × base | {_f(b['chars_A'], 0)} | {_f(b['chars_B'], 0)} | {_f(b['partner_use_A'])} | "
+        f"{_f(b['partner_use_B'])} | {_f(b['no_box_rate'])} | {_f(b['both_right'])} |"
+    )
     return lines
 
 
@@ -543,35 +587,46 @@ def _checks_lines(summary: dict, checks: dict) -> list[str]:
         dropped = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in s["dropped"].items()) or "none"
         seat = s.get("sentences_per_seat", {})
 
-        def sps(x):
+        def sps(x, seat=seat):
             d = seat.get(x)
             return f"{_f(d['mean'])} ({d['min']}–{d['max']})" if d else "n/a"
 
-        lines.append(f"| {part} | {s['total']} | {s['eligible']} | {dropped} | {s['drawn']} | {sps('a')} | {sps('b')} |")
+        lines.append(
+            f"| {part} | {s['total']} | {s['eligible']} | {dropped} | {s['drawn']} | {sps('a')} | {sps('b')} |"
+        )
     prompts = [summary["per_arm"][a]["train"]["longest_prompt"] for a in summary["arms"]]
     prompts = [p for p in prompts if p is not None]
     lines += ["", "Sanity figures:", ""]
     lines.append(f"- Longest seat prompt in training: {max(prompts) if prompts else 'n/a'} tokens")
     nobox = "; ".join(
         f"{a} " + ", ".join(_f(summary["per_arm"][a]["kinds"][k]["figures"]["no_box_rate"]) for k in KINDS)
-        for a in summary["arms"])
-    lines.append(f"- No-box rate of final messages (held-out, cross-play, base A × trained B): {nobox}; "
-                 f"base × base {_f(summary['base']['no_box_rate'])}")
+        for a in summary["arms"]
+    )
+    lines.append(
+        f"- No-box rate of final messages (held-out, cross-play, base A × trained B): {nobox}; "
+        f"base × base {_f(summary['base']['no_box_rate'])}"
+    )
     zero = "; ".join(f"{a} {_f(summary['per_arm'][a]['train']['zero_adv_share'])}" for a in summary["arms"])
     lines.append(f"- Share of zero-advantage problems per training step (mean): {zero}")
     return lines
 
 
 def _climb_lines(summary: dict, png_ref: str) -> list[str]:
-    lines = [f"![Results and training curves]({png_ref})", "",
-             "Right panel of the figure: mean training reward per step per arm (thin lines: seeds). "
-             "First → last mean reward:", ""]
+    lines = [
+        f"![Results and training curves]({png_ref})",
+        "",
+        "Right panel of the figure: mean training reward per step per arm (thin lines: seeds). "
+        "First → last mean reward:",
+        "",
+    ]
     for arm in summary["arms"]:
         t = summary["per_arm"][arm]["train"]
         k = t["window"]
         span = "step" if k == 1 else f"{k} steps"
-        lines.append(f"- {arm}: {_f(t['first_reward'])} → {_f(t['last_reward'])} (first → last {span}, mean over "
-                     f"{summary['per_arm'][arm]['n_seeds']} seeds)")
+        lines.append(
+            f"- {arm}: {_f(t['first_reward'])} → {_f(t['last_reward'])} (first → last {span}, mean over "
+            f"{summary['per_arm'][arm]['n_seeds']} seeds)"
+        )
     return lines
 
 
@@ -579,9 +634,13 @@ def render_card(summary: dict, meta: dict, checks: dict, png_ref: str = "card.pn
     """The text of card.md for ``summary``; ``checks`` holds ``selftest`` and ``split_stats``."""
     banner = _offline_banner(meta)
     lines = [banner[0], ""] if banner else []
-    lines += ["# Talk Methods card", "",
-              "Which RL method best teaches two copies of a model, each holding half of the facts of a GSM8K "
-              "problem, to talk their way to a right answer?", ""]
+    lines += [
+        "# Talk Methods card",
+        "",
+        "Which RL method best teaches two copies of a model, each holding half of the facts of a GSM8K "
+        "problem, to talk their way to a right answer?",
+        "",
+    ]
     lines += ["## Recipe", ""] + _recipe_lines(meta.get("recipe", {})) + [""]
     lines += ["## Run", ""] + _run_lines(summary, meta) + [""]
     lines += ["## Result", ""] + _result_lines(summary) + [""]
@@ -625,8 +684,15 @@ def plot_card(summary: dict, path: str | os.PathLike, offline: bool = False, tit
             vals = [p["value"] for p in k["per_seed"]]
             n = len(vals)
             jitter = [(j - (n - 1) / 2) * 0.03 for j in range(n)]
-            left.scatter([i + dx + 0.09 + t for t in jitter], vals, s=14, color=color, alpha=0.5, marker=marker,
-                         edgecolors="none")
+            left.scatter(
+                [i + dx + 0.09 + t for t in jitter],
+                vals,
+                s=14,
+                color=color,
+                alpha=0.5,
+                marker=marker,
+                edgecolors="none",
+            )
             err = [[max(0.0, k["mean"] - k["lo"])], [max(0.0, k["hi"] - k["mean"])]]
             left.errorbar([i + dx], [k["mean"]], yerr=err, fmt=marker, color=color, ms=7, capsize=4, lw=1.6)
         handles.append(Line2D([], [], color="0.2", marker=marker, ls="", ms=7, label=KIND_LABELS[kind]))
@@ -643,8 +709,15 @@ def plot_card(summary: dict, path: str | os.PathLike, offline: bool = False, tit
         for c in t["curves"]:
             right.plot(c["steps"], c["reward"], color=color, lw=0.8, alpha=0.35)
         mc = t["mean_curve"]
-        right.plot(mc["steps"], mc["reward"], color=color, lw=2.2, label=f"{arm} (mean of {len(t['curves'])} seeds)",
-                   marker="o" if len(mc["steps"]) < 12 else None, ms=3)
+        right.plot(
+            mc["steps"],
+            mc["reward"],
+            color=color,
+            lw=2.2,
+            label=f"{arm} (mean of {len(t['curves'])} seeds)",
+            marker="o" if len(mc["steps"]) < 12 else None,
+            ms=3,
+        )
     right.set_xlabel("training step")
     right.set_ylabel("mean team reward of the step's rollouts")
     right.set_title("Training curves (thin lines: seeds)")
@@ -655,8 +728,13 @@ def plot_card(summary: dict, path: str | os.PathLike, offline: bool = False, tit
     fig.savefig(path, format="png")
 
 
-def write_card(summary: dict, results_dir: str | os.PathLike, card_md_path: str | os.PathLike,
-               card_png_path: str | os.PathLike, meta: dict) -> None:
+def write_card(
+    summary: dict,
+    results_dir: str | os.PathLike,
+    card_md_path: str | os.PathLike,
+    card_png_path: str | os.PathLike,
+    meta: dict,
+) -> None:
     """Write card.md and card.png atomically.
 
     Args:
@@ -673,8 +751,10 @@ def write_card(summary: dict, results_dir: str | os.PathLike, card_md_path: str 
     results_dir = Path(results_dir)
     checks = summary.get("checks")
     if not checks:
-        checks = {"selftest": load_selftest(results_dir / "selftest.json"),
-                  "split_stats": load_split_stats(results_dir / "data" / "split_stats.json")}
+        checks = {
+            "selftest": load_selftest(results_dir / "selftest.json"),
+            "split_stats": load_split_stats(results_dir / "data" / "split_stats.json"),
+        }
     for key in ("selftest", "split_stats"):
         if key not in checks:
             raise ResultsError(f"summary of {results_dir}: checks lack {key!r}")

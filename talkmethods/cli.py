@@ -62,8 +62,7 @@ def _run(args) -> int:
     if args.stage == "split":
         from talkmethods.split import split_stage
 
-        split_stage(C.split_params(cfg), r / "data/train.jsonl", r / "data/heldout.jsonl",
-                    r / "data/split_stats.json")
+        split_stage(C.split_params(cfg), r / "data/train.jsonl", r / "data/heldout.jsonl", r / "data/split_stats.json")
         return 0
     if args.stage == "warmstart":
         params = C.warmstart_params(cfg)
@@ -83,8 +82,13 @@ def _run(args) -> int:
             _exists(r / C.WARMSTART_MODEL, warm)
         from talkmethods.training.build import train_stage
 
-        train_stage(C.train_params(cfg, args.arm, args.seed, str(r)), r / "data/train.jsonl", run / "adapter",
-                    run / "train_log.jsonl", Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}")
+        train_stage(
+            C.train_params(cfg, args.arm, args.seed, str(r)),
+            r / "data/train.jsonl",
+            run / "adapter",
+            run / "train_log.jsonl",
+            Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}",
+        )
         return 0
     _exists(r / "data/heldout.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
     if cfg["model"]["warmstart"]:
@@ -97,8 +101,15 @@ def _run(args) -> int:
     _need(args, "arm", "seed")
     run = r / args.arm / f"seed{args.seed}"
     _exists(run / "adapter", f"train it first: `python -m talkmethods train --arm {args.arm} --seed {args.seed}`")
-    eval_stage(C.eval_params(cfg, str(r)), args.kind, r / "data/heldout.jsonl", str(run / "adapter"),
-               run / f"{args.kind}.json", arm=args.arm, seed=args.seed)
+    eval_stage(
+        C.eval_params(cfg, str(r)),
+        args.kind,
+        r / "data/heldout.jsonl",
+        str(run / "adapter"),
+        run / f"{args.kind}.json",
+        arm=args.arm,
+        seed=args.seed,
+    )
     return 0
 
 

@@ -58,11 +58,15 @@ def validate_config(config: dict) -> None:
     name = config["model"]["name"]
     looks_local = name.startswith((".", "/", "~")) or os.sep in name and not _hub_id(name)
     if looks_local and not os.path.isdir(os.path.expanduser(name)):
-        raise ConfigError(f"config: model.name = {name!r}: no such directory (a local model dir, a hub id, or {OFFLINE_MODEL!r})")
+        raise ConfigError(
+            f"config: model.name = {name!r}: no such directory (a local model dir, a hub id, or {OFFLINE_MODEL!r})"
+        )
     warm = config["model"]["warmstart"]
     if warm and name != OFFLINE_MODEL:
-        raise ConfigError(f"config: model.warmstart builds and trains its own small model; set model.name: {OFFLINE_MODEL} "
-                          f"with it, or model.warmstart: null to use {name!r} as it is")
+        raise ConfigError(
+            f"config: model.warmstart builds and trains its own small model; set model.name: {OFFLINE_MODEL} "
+            f"with it, or model.warmstart: null to use {name!r} as it is"
+        )
     if warm and warm["hidden"] % warm["heads"] or warm and warm["heads"] % warm["kv_heads"]:
         raise ConfigError("config: model.warmstart: hidden must be a multiple of heads, and heads of kv_heads")
     data = config["data"]
@@ -85,12 +89,16 @@ def _check_sampling(config: dict) -> None:
     t = config["train"]
     for key, plain in (("top_p", 1.0), ("top_k", 0), ("repetition_penalty", 1.0)):
         if t[key] != plain:
-            raise ConfigError(f"config: train.{key} = {t[key]!r} is not valid: the trainer scores rollouts under "
-                              f"softmax(logits / temperature) only; set train.{key}: {plain}")
+            raise ConfigError(
+                f"config: train.{key} = {t[key]!r} is not valid: the trainer scores rollouts under "
+                f"softmax(logits / temperature) only; set train.{key}: {plain}"
+            )
     e = config["eval"]
     if e["repetition_penalty"] != 1.0 and e["engine"] != "plain":
-        raise ConfigError(f"config: eval.repetition_penalty = {e['repetition_penalty']!r} is not valid with "
-                          f"eval.engine: {e['engine']} (it applies no penalty); set it to 1.0 or eval.engine: plain")
+        raise ConfigError(
+            f"config: eval.repetition_penalty = {e['repetition_penalty']!r} is not valid with "
+            f"eval.engine: {e['engine']} (it applies no penalty); set it to 1.0 or eval.engine: plain"
+        )
 
 
 def _check_finite(node, path) -> None:
@@ -165,10 +173,29 @@ def train_params(config: dict, arm: str, seed: int, results: str = "results") ->
     """Plain values of one training run (a rule's ``params:``, so an edit reruns it): ``recipe.TrainConfig``'s fields."""
     t = config["train"]
     return {
-        "arm": arm, "seed": int(seed), "model": model_params(config, results),
-        **{k: t[k] for k in ("steps", "problems_per_step", "chats_per_problem", "learning_rate", "lr_schedule",
-                             "lora_r", "lora_alpha", "lora_dropout", "ada_max_replays", "ada_draw_ahead",
-                             "pack_seats", "save_every", "gradient_checkpointing", "engine", "micro_batches")},
+        "arm": arm,
+        "seed": int(seed),
+        "model": model_params(config, results),
+        **{
+            k: t[k]
+            for k in (
+                "steps",
+                "problems_per_step",
+                "chats_per_problem",
+                "learning_rate",
+                "lr_schedule",
+                "lora_r",
+                "lora_alpha",
+                "lora_dropout",
+                "ada_max_replays",
+                "ada_draw_ahead",
+                "pack_seats",
+                "save_every",
+                "gradient_checkpointing",
+                "engine",
+                "micro_batches",
+            )
+        },
         "sampling": _sampling(t, t["max_prompt_tokens"]),
         "precision": config["model"]["precision"],
     }
@@ -176,9 +203,14 @@ def train_params(config: dict, arm: str, seed: int, results: str = "results") ->
 
 def _sampling(section: dict, max_prompt_tokens: int) -> dict:
     """``engines.sampling.Sampling``'s fields from a train or eval section."""
-    return {"max_new_tokens": section["max_new_tokens"], "temperature": section["temperature"],
-            "top_p": section["top_p"], "top_k": section["top_k"],
-            "repetition_penalty": section["repetition_penalty"], "max_prompt_tokens": max_prompt_tokens}
+    return {
+        "max_new_tokens": section["max_new_tokens"],
+        "temperature": section["temperature"],
+        "top_p": section["top_p"],
+        "top_k": section["top_k"],
+        "repetition_penalty": section["repetition_penalty"],
+        "max_prompt_tokens": max_prompt_tokens,
+    }
 
 
 def model_params(config: dict, results: str = "results") -> dict:
@@ -198,7 +230,8 @@ def eval_params(config: dict, results: str = "results") -> dict:
     """Plain values of every eval (a rule's ``params:``): ``recipe.EvalConfig``'s fields."""
     e = config["eval"]
     return {
-        "model": model_params(config, results), "precision": config["model"]["precision"],
+        "model": model_params(config, results),
+        "precision": config["model"]["precision"],
         "sampling": _sampling(e, config["train"]["max_prompt_tokens"]),
         **{k: e[k] for k in ("chats_per_problem", "batch_chats", "sample_dialogues", "engine")},
         "eval_seed": config["data"]["data_seed"],
@@ -207,5 +240,12 @@ def eval_params(config: dict, results: str = "results") -> dict:
 
 def split_params(config: dict) -> dict:
     d = config["data"]
-    return {"source": d["source"], "local_dir": d["local_dir"], "n_train": d["n_train"],
-            "n_heldout": d["n_heldout"], "data_seed": d["data_seed"], "world": d["world"], "prompt": d["prompt"]}
+    return {
+        "source": d["source"],
+        "local_dir": d["local_dir"],
+        "n_train": d["n_train"],
+        "n_heldout": d["n_heldout"],
+        "data_seed": d["data_seed"],
+        "world": d["world"],
+        "prompt": d["prompt"],
+    }

@@ -9,7 +9,6 @@ trained turns. No rule divides by a standard deviation: the recipe says "minus t
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -118,8 +117,10 @@ def seat_plan(n_chats: int, group: int, base_b_per_4: int) -> list[tuple[bool, b
         ValueError: ``group`` chats cannot be split in the arm's ratio (e.g. 2 of 4 base Bs with 5 chats).
     """
     if (group * base_b_per_4) % 4:
-        raise ValueError(f"{group} chats per problem cannot give {base_b_per_4} of every 4 a base partner: "
-                         f"use a multiple of {4 // math.gcd(4, base_b_per_4)} chats per problem")
+        raise ValueError(
+            f"{group} chats per problem cannot give {base_b_per_4} of every 4 a base partner: "
+            f"use a multiple of {4 // math.gcd(4, base_b_per_4)} chats per problem"
+        )
     trained_b = group - group * base_b_per_4 // 4
     return [(True, k % group < trained_b) for k in range(n_chats)]
 
@@ -167,7 +168,9 @@ def draw_with_replays(
     rounds = 1 + max_replays
     if ahead:  # entry r * n_problems + p of the one call is round r of problem p
         played = draw(list(range(n_problems)) * rounds)
-        assert len(played) == rounds * n_problems, f"draw returned {len(played)} groups, expected {rounds * n_problems}"
+        assert len(played) == rounds * n_problems, (
+            f"draw returned {len(played)} groups, expected {rounds * n_problems}"
+        )
     drawn: list[list[T]] = [[] for _ in range(n_problems)]
     todo = list(range(n_problems))
     for r in range(rounds):

@@ -18,16 +18,18 @@ import torch
 from tqdm import tqdm
 
 from talkmethods.dialogue import SEATS
-from talkmethods.grading import extract_boxed
-from talkmethods.models import load_model, load_tokenizer, pick_device_and_dtype
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
+from talkmethods.grading import extract_boxed
+from talkmethods.models import load_model, load_tokenizer, pick_device_and_dtype
 from talkmethods.recipe import BASE_KIND, EVAL_KINDS, EvalConfig
 from talkmethods.rollout import Chat, play_chats
 
 log = logging.getLogger(__name__)
 
-EVAL_SEATS = {kind: spec["seats"] for kind, spec in {**EVAL_KINDS, "base": BASE_KIND}.items()}  # (A, B) carry the adapter
+EVAL_SEATS = {
+    kind: spec["seats"] for kind, spec in {**EVAL_KINDS, "base": BASE_KIND}.items()
+}  # (A, B) carry the adapter
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
@@ -83,18 +85,47 @@ def provenance(wall_s: float, device: torch.device) -> dict:
     from importlib.metadata import version
 
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+        rev = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         rev = None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
-    return {"versions": {"torch": torch.__version__, "transformers": version("transformers"),
-                         "trl": version("trl"), "peft": version("peft"), "python": platform.python_version()},
-            "git": rev, "wall_s": round(wall_s, 3), "device": name}
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({platform.processor() or platform.machine()})"
+    )
+    return {
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": version("transformers"),
+            "trl": version("trl"),
+            "peft": version("peft"),
+            "python": platform.python_version(),
+        },
+        "git": rev,
+        "wall_s": round(wall_s, 3),
+        "device": name,
+    }
 
 
-def play_eval(model, tokenizer, problems: list[dict], kind: str, sampling: Sampling, chats_per_problem: int,
-              batch_chats: int, generator_factory=PlainGenerator) -> list[Chat]:
+def play_eval(
+    model,
+    tokenizer,
+    problems: list[dict],
+    kind: str,
+    sampling: Sampling,
+    chats_per_problem: int,
+    batch_chats: int,
+    generator_factory=PlainGenerator,
+) -> list[Chat]:
     """Play ``chats_per_problem`` chats on every problem with the seats of ``kind``, in batches."""
     seats = EVAL_SEATS[kind]
     flat = [p for p in problems for _ in range(chats_per_problem)]
@@ -109,8 +140,14 @@ def play_eval(model, tokenizer, problems: list[dict], kind: str, sampling: Sampl
     return chats
 
 
-def run_eval(kind: str, cfg: EvalConfig, adapter_dir: str | None, problems: list[dict], arm: str | None = None,
-             train_seed: int | None = None) -> dict:
+def run_eval(
+    kind: str,
+    cfg: EvalConfig,
+    adapter_dir: str | None,
+    problems: list[dict],
+    arm: str | None = None,
+    train_seed: int | None = None,
+) -> dict:
     """Evaluate one model pairing on the held-out problems; returns the eval JSON object."""
     t0 = time.perf_counter()
     device, dtype = pick_device_and_dtype(cfg.precision)
@@ -124,16 +161,31 @@ def run_eval(kind: str, cfg: EvalConfig, adapter_dir: str | None, problems: list
     torch.manual_seed(cfg.eval_seed)
     from talkmethods.engines import ENGINES
 
-    chats = play_eval(model, tokenizer, problems, kind, cfg.sampling, cfg.chats_per_problem, cfg.batch_chats,
-                      ENGINES[cfg.engine])
+    chats = play_eval(
+        model, tokenizer, problems, kind, cfg.sampling, cfg.chats_per_problem, cfg.batch_chats, ENGINES[cfg.engine]
+    )
     metrics = chat_metrics(chats)
-    samples = [{"problem_id": c.problem["id"], "gold": c.problem["gold"], "reward": c.reward,
-                "turns": [{"seat": t.seat, "adapter": t.adapter_on, "text": t.text} for t in c.turns]}
-               for c in chats[: cfg.sample_dialogues * cfg.chats_per_problem : cfg.chats_per_problem]]
+    samples = [
+        {
+            "problem_id": c.problem["id"],
+            "gold": c.problem["gold"],
+            "reward": c.reward,
+            "turns": [{"seat": t.seat, "adapter": t.adapter_on, "text": t.text} for t in c.turns],
+        }
+        for c in chats[: cfg.sample_dialogues * cfg.chats_per_problem : cfg.chats_per_problem]
+    ]
     return {
-        "kind": kind, "arm": arm, "seed": train_seed,
-        "config": {"model": cfg.model.name, "adapter": adapter_dir, "sampling": vars(cfg.sampling),
-                   "chats_per_problem": cfg.chats_per_problem, "eval_seed": cfg.eval_seed, "engine": cfg.engine},
+        "kind": kind,
+        "arm": arm,
+        "seed": train_seed,
+        "config": {
+            "model": cfg.model.name,
+            "adapter": adapter_dir,
+            "sampling": vars(cfg.sampling),
+            "chats_per_problem": cfg.chats_per_problem,
+            "eval_seed": cfg.eval_seed,
+            "engine": cfg.engine,
+        },
         "counts": {"problems": len(problems), "chats": len(chats)},
         "metrics": metrics,
         "per_problem": per_problem_rewards(chats),
@@ -142,13 +194,22 @@ def run_eval(kind: str, cfg: EvalConfig, adapter_dir: str | None, problems: list
     }
 
 
-def eval_stage(params: dict, kind: str, problems: str, adapter_dir: str | None, out: str,
-               arm: str | None = None, seed: int | None = None) -> dict:
+def eval_stage(
+    params: dict,
+    kind: str,
+    problems: str,
+    adapter_dir: str | None,
+    out: str,
+    arm: str | None = None,
+    seed: int | None = None,
+) -> dict:
     """The eval stage: play the eval chats of ``kind`` on the held-out problems and write the eval JSON."""
     from talkmethods.atomic import write_json
     from talkmethods.problems import read_jsonl
 
-    result = run_eval(kind, EvalConfig.from_params(params), adapter_dir, read_jsonl(problems), arm=arm, train_seed=seed)
+    result = run_eval(
+        kind, EvalConfig.from_params(params), adapter_dir, read_jsonl(problems), arm=arm, train_seed=seed
+    )
     write_json(out, result)
     log.info("%s %s seed %s: team accuracy %.3f", kind, arm, seed, result["metrics"]["team_accuracy"])
     return result

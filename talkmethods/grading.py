@@ -53,9 +53,7 @@ ABS_TOL = 1e-6
 """Absolute tolerance used by :func:`grade_answer`."""
 
 # A box opener (command, optional spaces, "{"), an escaped literal brace, or a brace.
-_BRACE_TOKEN_RE = re.compile(
-    r"(?P<box>\\(?:boxed|fbox)\s*\{)|(?P<escaped>\\[{}])|(?P<open>\{)|(?P<close>\})"
-)
+_BRACE_TOKEN_RE = re.compile(r"(?P<box>\\(?:boxed|fbox)\s*\{)|(?P<escaped>\\[{}])|(?P<open>\{)|(?P<close>\})")
 
 # Commands whose name is dropped (their braced argument, if any, is kept as plain text).
 _DROP_COMMANDS_RE = re.compile(
@@ -92,9 +90,20 @@ _UNIT_SEP_CHARS = r"[\s.'’/·-]"
 _UNIT_TERMS = _UNIT_TERM + r"(?:" + _UNIT_SEP_CHARS + r"+" + _UNIT_TERM + r")*"
 _UNIT_PAREN = r"\(\s*" + _UNIT_TERMS + r"\s*\)"  # "(dollars)", "(km/h)"; one level
 _UNIT = (
-    r"(?:/\s*)?(?:" + _UNIT_TERM + r"|" + _UNIT_PAREN + r")"  # "18/hour", "18 km", "18 (kg)"
-    + r"(?:" + _UNIT_SEP_CHARS + r"+" + _UNIT_TERM
-    + r"|" + _UNIT_SEP_CHARS + r"*" + _UNIT_PAREN + r")*"
+    r"(?:/\s*)?(?:"
+    + _UNIT_TERM
+    + r"|"
+    + _UNIT_PAREN
+    + r")"  # "18/hour", "18 km", "18 (kg)"
+    + r"(?:"
+    + _UNIT_SEP_CHARS
+    + r"+"
+    + _UNIT_TERM
+    + r"|"
+    + _UNIT_SEP_CHARS
+    + r"*"
+    + _UNIT_PAREN
+    + r")*"
 )
 # Applied with fullmatch to a stripped string. Adjacent whitespace runs are never both
 # optional-and-unbounded, so matching stays linear even on adversarial input.

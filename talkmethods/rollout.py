@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from talkmethods.errors import UserError
 from talkmethods.dialogue import FINAL_TURNS, SEATS, seat_messages
 from talkmethods.engines import Generator
 from talkmethods.engines.sampling import Sampling
+from talkmethods.errors import UserError
 from talkmethods.grading import grade_answer, team_reward
 
 log = logging.getLogger(__name__)
@@ -98,13 +98,17 @@ def seat_prompts(tokenizer, seats: list[tuple[list[dict], Turn | None]], stops: 
     return prompts
 
 
-def _prompt_parts(tokenizer, messages: list[dict], own_last: Turn | None, stops: set[int]) -> tuple[list[int], list[str]]:
+def _prompt_parts(
+    tokenizer, messages: list[dict], own_last: Turn | None, stops: set[int]
+) -> tuple[list[int], list[str]]:
     """A seat's prompt as token ids kept as they are, then texts to tokenise, in order."""
     end = tokenizer.convert_tokens_to_ids(END_OF_MESSAGE)
     full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     if own_last is None or end is None or end == tokenizer.unk_token_id:
         return [], [full]  # the template's own rendering (``apply_chat_template`` tokenises it so)
-    head = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=False, tokenize=False)  # through own last message
+    head = tokenizer.apply_chat_template(
+        messages[:-1], add_generation_prompt=False, tokenize=False
+    )  # through own last message
     cut = head.rfind(END_OF_MESSAGE)
     if not full.startswith(head) or cut < 0:
         return [], [full]
@@ -140,8 +144,17 @@ def play_chats(
     stats = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0}
     stops = set(generator.eos_ids) | {tokenizer.eos_token_id}
     for turn, seat in enumerate(SEATS):
-        prompts = seat_prompts(tokenizer, [(seat_messages(chat.problem, turn, [t.text for t in chat.turns]),
-                                             chat.turns[turn - 2] if turn >= 2 else None) for chat in chats], stops)
+        prompts = seat_prompts(
+            tokenizer,
+            [
+                (
+                    seat_messages(chat.problem, turn, [t.text for t in chat.turns]),
+                    chat.turns[turn - 2] if turn >= 2 else None,
+                )
+                for chat in chats
+            ],
+            stops,
+        )
         for ids in prompts:
             if len(ids) > sampling.max_prompt_tokens:
                 raise PromptTooLong(

@@ -25,8 +25,14 @@ def _check_split() -> str:
 def _check_grader() -> str:
     from talkmethods.grading import grade_answer
 
-    cases = [("so \\boxed{18}", "18", True), ("\\boxed{\\$1,000}", "1000", True), ("\\boxed{18.0}", "18", True),
-             ("\\boxed{17} no, \\boxed{18}", "18", True), ("\\boxed{}", "0", False), ("18", "18", False)]
+    cases = [
+        ("so \\boxed{18}", "18", True),
+        ("\\boxed{\\$1,000}", "1000", True),
+        ("\\boxed{18.0}", "18", True),
+        ("\\boxed{17} no, \\boxed{18}", "18", True),
+        ("\\boxed{}", "0", False),
+        ("18", "18", False),
+    ]
     for text, gold, want in cases:
         assert grade_answer(text, gold) is want, f"grade_answer({text!r}, {gold!r}) != {want}"
     return f"{len(cases)} grader cases"
@@ -35,20 +41,29 @@ def _check_grader() -> str:
 def _check_chats() -> str:
     import torch
 
-    from talkmethods.models import ModelSpec, load_model, load_tokenizer
     from talkmethods.engines.plain import PlainGenerator
     from talkmethods.engines.sampling import Sampling
+    from talkmethods.models import ModelSpec, load_model, load_tokenizer
     from talkmethods.rollout import play_chats
 
     spec = ModelSpec("offline-tiny-qwen2")
     tok = load_tokenizer(spec)
     model = load_model(spec, torch.float32)
-    problems = [{"id": f"p{i}", "facts_a": [f"Ann has {i + 2} pens."], "facts_b": [f"Bob has {i + 5} pens."],
-                 "shared_question": "How many pens do they have?", "gold": str(2 * i + 7)} for i in range(8)]
+    problems = [
+        {
+            "id": f"p{i}",
+            "facts_a": [f"Ann has {i + 2} pens."],
+            "facts_b": [f"Bob has {i + 5} pens."],
+            "shared_question": "How many pens do they have?",
+            "gold": str(2 * i + 7),
+        }
+        for i in range(8)
+    ]
     flat = [p for p in problems for _ in range(4)]
     torch.manual_seed(0)
-    chats, stats = play_chats(PlainGenerator(model, tok), tok, flat, [(False, False)] * len(flat),
-                              Sampling(max_new_tokens=6))
+    chats, stats = play_chats(
+        PlainGenerator(model, tok), tok, flat, [(False, False)] * len(flat), Sampling(max_new_tokens=6)
+    )
     for c in chats:
         assert [t.seat for t in c.turns] == ["A", "B", "A", "B"], "turn order"
         for t in c.turns:
@@ -86,7 +101,9 @@ def run_selftest() -> dict:
             detail, ok = check(), True
         except Exception as err:  # a failed check is reported, with its message, not raised
             detail, ok = f"{type(err).__name__}: {err}", False
-        report["checks"].append({"name": name, "passed": ok, "detail": detail, "s": round(time.perf_counter() - t0, 2)})
+        report["checks"].append(
+            {"name": name, "passed": ok, "detail": detail, "s": round(time.perf_counter() - t0, 2)}
+        )
         report["passed"] &= ok
         log.info("selftest %-7s %s  %s", name, "ok" if ok else "FAILED", detail)
     return report

@@ -307,13 +307,10 @@ def _draw_pool(
         "dropped": dropped,
         "drawn": n,
         "sentences_per_seat": {
-            seat: _seat_stats([split.sentence_counts()[seat] for _, split in drawn])
-            for seat in ("a", "b")
+            seat: _seat_stats([split.sentence_counts()[seat] for _, split in drawn]) for seat in ("a", "b")
         },
     }
-    log.info(
-        "%s: %d of %d eligible, dropped %s, drew %d", key, len(eligible), len(pool), dropped, n
-    )
+    log.info("%s: %d of %d eligible, dropped %s, drew %d", key, len(eligible), len(pool), dropped, n)
     return records, stats
 
 
@@ -359,17 +356,28 @@ def draw_problems(
 def split_stage(params: dict, out_train: str, out_heldout: str, out_stats: str) -> dict:
     """The split stage: load the problems, split facts, draw the train and held-out sets, write them and their statistics."""
     n_gen = max(4 * params["n_train"], 64), max(4 * params["n_heldout"], 64)
-    train_pool, test_pool = load_gsm8k(params["source"], params["local_dir"], seed=params["data_seed"],
-                                       n_generated_train=n_gen[0], n_generated_test=n_gen[1],
-                                       world=params["world"])
-    train, heldout, stats = draw_problems(train_pool, test_pool, params["n_train"], params["n_heldout"],
-                                          params["data_seed"])
+    train_pool, test_pool = load_gsm8k(
+        params["source"],
+        params["local_dir"],
+        seed=params["data_seed"],
+        n_generated_train=n_gen[0],
+        n_generated_test=n_gen[1],
+        world=params["world"],
+    )
+    train, heldout, stats = draw_problems(
+        train_pool, test_pool, params["n_train"], params["n_heldout"], params["data_seed"]
+    )
     for record in train + heldout:  # the seat prompts' style travels with the problems to every stage
         record["prompt_style"] = params["prompt"]
     stats["params"] = params
     write_jsonl(out_train, train)
     write_jsonl(out_heldout, heldout)
     write_json(out_stats, stats)
-    log.info("split: %d train, %d held-out (eligible %d / %d)", len(train), len(heldout),
-             stats["train"]["eligible"], stats["heldout"]["eligible"])
+    log.info(
+        "split: %d train, %d held-out (eligible %d / %d)",
+        len(train),
+        len(heldout),
+        stats["train"]["eligible"],
+        stats["heldout"]["eligible"],
+    )
     return stats

@@ -27,7 +27,8 @@ bootstrap mean.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence, Union
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,7 +43,7 @@ __all__ = [
     "intervals_overlap",
 ]
 
-SeedLike = Union[int, np.random.Generator]
+SeedLike = int | np.random.Generator
 
 # Replicates are drawn in chunks so that no temporary holds many more than this many elements.
 # The chunk length depends only on the input shape, so outputs stay deterministic for a seed.
@@ -276,9 +277,7 @@ def paired_bootstrap_test(
     """
     a_arr, b_arr = _as_1d(a, "a"), _as_1d(b, "b")
     if a_arr.shape != b_arr.shape:
-        raise ValueError(
-            f"a and b must be paired (same length); got {a_arr.size} and {b_arr.size}."
-        )
+        raise ValueError(f"a and b must be paired (same length); got {a_arr.size} and {b_arr.size}.")
     n_boot, alpha = _check_n_boot(n_boot), _check_alpha(alpha)
     d = a_arr - b_arr
     replicates = _bootstrap_means(d, n_boot, _rng(seed))
@@ -318,10 +317,7 @@ def learned(
     alpha = _check_alpha(alpha)
     n_boot = _check_n_boot(n_boot)
     if 1.0 / (n_boot + 1) > alpha:
-        raise ValueError(
-            f"n_boot={n_boot} is too small: the smallest p-value 1/(n_boot+1) exceeds "
-            f"alpha={alpha}."
-        )
+        raise ValueError(f"n_boot={n_boot} is too small: the smallest p-value 1/(n_boot+1) exceeds alpha={alpha}.")
     result = paired_bootstrap_test(run_rewards, base_rewards, n_boot=n_boot, seed=seed)
     return bool(result["p_value"] <= alpha)
 

@@ -59,8 +59,9 @@ def ideal_chat(problem: dict, tokenizer, slip: tuple[str, int, int] | None = Non
         own_last = chat.turns[turn - 2] if turn >= 2 else None
         prompt = seat_prompts(tokenizer, [(seat_messages(problem, turn, texts[:turn]), own_last)], {end})[0]
         completion = tokenizer(texts[turn], add_special_tokens=False)["input_ids"] + [end]
-        chat.turns.append(Turn(seat=seat, adapter_on=True, prompt_ids=prompt, completion_ids=completion,
-                               text=texts[turn]))
+        chat.turns.append(
+            Turn(seat=seat, adapter_on=True, prompt_ids=prompt, completion_ids=completion, text=texts[turn])
+        )
     return chat
 
 
@@ -84,8 +85,10 @@ def sft_rows(problems: list[dict], tokenizer, slip_rate: float = 0.0, seed: int 
     slips = draw_slips(problems, slip_rate, seed)
     chats = [ideal_chat(p, tokenizer, s) for p, s in zip(problems, slips, strict=True)]
     rows = to_rows(chats, [1.0] * len(chats), [(True,) * 4] * len(chats), pack=True)
-    return [{"input_ids": r.prompt_ids + r.completion_ids, "completion_mask": [0] * len(r.prompt_ids) + r.scored}
-            for r in rows]
+    return [
+        {"input_ids": r.prompt_ids + r.completion_ids, "completion_mask": [0] * len(r.prompt_ids) + r.scored}
+        for r in rows
+    ]
 
 
 def world_corpus(problems: list[dict], tokenizer) -> list[str]:
@@ -116,9 +119,17 @@ def build_model(cfg: WarmStartConfig, tokenizer):
     """A fresh Qwen2ForCausalLM sized by ``cfg`` for ``tokenizer`` (seeded weights, float32)."""
     from talkmethods.models import QWEN25_VOCAB, small_qwen2
 
-    return small_qwen2(QWEN25_VOCAB if cfg.vocab == "full" else len(tokenizer), cfg.hidden, cfg.layers, cfg.heads,
-                       cfg.kv_heads, cfg.intermediate, cfg.seed, end_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                       pad_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    return small_qwen2(
+        QWEN25_VOCAB if cfg.vocab == "full" else len(tokenizer),
+        cfg.hidden,
+        cfg.layers,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.intermediate,
+        cfg.seed,
+        end_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
 
 
 def warm_start(cfg: WarmStartConfig, problems: list[dict], out_dir: str | Path) -> dict:
@@ -147,20 +158,38 @@ def warm_start(cfg: WarmStartConfig, problems: list[dict], out_dir: str | Path) 
     rows = sft_rows(problems, tokenizer, cfg.slip_rate, cfg.seed)
     model = build_model(cfg, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("warm start: %d problems -> %d SFT rows, vocabulary %d, %.2fM parameters, %d steps",
-             len(problems), len(rows), len(tokenizer), n_params / 1e6, cfg.steps)
+    log.info(
+        "warm start: %d problems -> %d SFT rows, vocabulary %d, %.2fM parameters, %d steps",
+        len(problems),
+        len(rows),
+        len(tokenizer),
+        n_params / 1e6,
+        cfg.steps,
+    )
     losses: list[float] = []
     with tempfile.TemporaryDirectory(prefix="warmstart-") as scratch:
         args = SFTConfig(
-            output_dir=scratch, max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
-            learning_rate=cfg.learning_rate, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_steps,
-            weight_decay=0.0, seed=cfg.seed, completion_only_loss=True, max_length=None, packing=False,
-            logging_steps=max(cfg.steps // 20, 1), save_strategy="no", report_to=[], bf16=dtype == torch.bfloat16,
-            use_cpu=device.type == "cpu", dataloader_num_workers=0, disable_tqdm=False,
+            output_dir=scratch,
+            max_steps=cfg.steps,
+            per_device_train_batch_size=cfg.batch_size,
+            learning_rate=cfg.learning_rate,
+            lr_scheduler_type="cosine",
+            warmup_steps=cfg.warmup_steps,
+            weight_decay=0.0,
+            seed=cfg.seed,
+            completion_only_loss=True,
+            max_length=None,
+            packing=False,
+            logging_steps=max(cfg.steps // 20, 1),
+            save_strategy="no",
+            report_to=[],
+            bf16=dtype == torch.bfloat16,
+            use_cpu=device.type == "cpu",
+            dataloader_num_workers=0,
+            disable_tqdm=False,
             activation_checkpointing=False,  # SFTConfig turns it on; a small model only pays its recompute
         )
-        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                             processing_class=tokenizer)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     model = trainer.model.to(torch.float32)
@@ -168,10 +197,15 @@ def warm_start(cfg: WarmStartConfig, problems: list[dict], out_dir: str | Path) 
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
     return {
-        "config": asdict(cfg), "problems": len(problems), "rows": len(rows),
-        "tokens": sum(len(r["input_ids"]) for r in rows), "vocab_rows": model.config.vocab_size,
-        "parameters": n_params, "loss_first": losses[0] if losses else None,
-        "loss_last": losses[-1] if losses else None, "wall_s": round(time.perf_counter() - t0, 1),
+        "config": asdict(cfg),
+        "problems": len(problems),
+        "rows": len(rows),
+        "tokens": sum(len(r["input_ids"]) for r in rows),
+        "vocab_rows": model.config.vocab_size,
+        "parameters": n_params,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "wall_s": round(time.perf_counter() - t0, 1),
         "device": str(device),
     }
 

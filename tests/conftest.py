@@ -77,5 +77,7 @@ def train_config(**fields):
     from talkmethods.config import load_config, train_params
     from talkmethods.recipe import TrainConfig
 
-    base = TrainConfig.from_params(train_params(load_config([str(ROOT / "config.yaml")]), fields["arm"], fields["seed"]))
+    base = TrainConfig.from_params(
+        train_params(load_config([str(ROOT / "config.yaml")]), fields["arm"], fields["seed"])
+    )
     return dataclasses.replace(base, **fields)

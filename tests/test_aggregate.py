@@ -26,25 +26,50 @@ def eval_obj(kind: str, rewards, arm=None, seed=None, ids=IDS) -> dict:
     """An eval JSON shaped like evaluate.run_eval's, with team accuracy = mean(rewards)."""
     acc = sum(rewards) / len(rewards)
     return {
-        "kind": kind, "arm": arm, "seed": seed,
-        "config": {"model": "offline-tiny-qwen2", "adapter": None if kind == "base" else f"/r/{arm}/seed{seed}/adapter",
-                   "sampling": {"max_new_tokens": 12, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
-                                "max_prompt_tokens": 2048},
-                   "chats_per_problem": 2, "eval_seed": 0},
+        "kind": kind,
+        "arm": arm,
+        "seed": seed,
+        "config": {
+            "model": "offline-tiny-qwen2",
+            "adapter": None if kind == "base" else f"/r/{arm}/seed{seed}/adapter",
+            "sampling": {
+                "max_new_tokens": 12,
+                "temperature": 0.7,
+                "top_p": 0.8,
+                "top_k": 20,
+                "max_prompt_tokens": 2048,
+            },
+            "chats_per_problem": 2,
+            "eval_seed": 0,
+        },
         "counts": {"problems": len(ids), "chats": 2 * len(ids)},
         "metrics": {
-            "team_accuracy": acc, "both_right": acc / 2, "a_accuracy": acc, "b_accuracy": acc,
+            "team_accuracy": acc,
+            "both_right": acc / 2,
+            "a_accuracy": acc,
+            "b_accuracy": acc,
             "no_box_rate": 0.25,
             "chars_per_message": {"A1": 100.0, "B1": 90.0, "A2": 60.0, "B2": 50.0},
             "chars_per_seat": {"A": 80.0, "B": 70.0},
             "partner_fact_use": {"A": 0.4, "B": 0.3},
         },
         "per_problem": {"ids": list(ids), "rewards": list(rewards)},
-        "samples": [{"problem_id": ids[0], "gold": "18", "reward": rewards[0],
-                     "turns": [{"seat": s, "adapter": kind != "base", "text": "I hold 3 apples."}
-                               for s in ("A", "B", "A", "B")]}],
-        "provenance": {"versions": {"torch": "2.9.0", "python": "3.11.2"}, "git": "abc1234", "wall_s": 12.5,
-                       "device": "cpu (x86_64)"},
+        "samples": [
+            {
+                "problem_id": ids[0],
+                "gold": "18",
+                "reward": rewards[0],
+                "turns": [
+                    {"seat": s, "adapter": kind != "base", "text": "I hold 3 apples."} for s in ("A", "B", "A", "B")
+                ],
+            }
+        ],
+        "provenance": {
+            "versions": {"torch": "2.9.0", "python": "3.11.2"},
+            "git": "abc1234",
+            "wall_s": 12.5,
+            "device": "cpu (x86_64)",
+        },
     }
 
 
@@ -52,9 +77,23 @@ def train_lines(steps: int, start: float, end: float, drawn: float = 32.0) -> li
     out = []
     for i in range(steps):
         r = start + (end - start) * i / max(1, steps - 1)
-        out.append({"step": i + 1, "reward": r, "both_right": r / 2, "chats_drawn": drawn, "zero_adv_share": 0.25,
-                    "tokens_per_turn": 10.0, "entropy": 1.5, "loss": 0.01, "grad_norm": 0.5, "rows": 128,
-                    "longest_prompt": 300 + i, "gen_s": 2.0, "train_s": 1.0})
+        out.append(
+            {
+                "step": i + 1,
+                "reward": r,
+                "both_right": r / 2,
+                "chats_drawn": drawn,
+                "zero_adv_share": 0.25,
+                "tokens_per_turn": 10.0,
+                "entropy": 1.5,
+                "loss": 0.01,
+                "grad_norm": 0.5,
+                "rows": 128,
+                "longest_prompt": 300 + i,
+                "gen_s": 2.0,
+                "train_s": 1.0,
+            }
+        )
     return out
 
 
@@ -70,8 +109,10 @@ def make_results(root: Path, arms=("grpo", "ada"), seeds=(17, 18), rewards=None,
     clearly better than base on held-out, grpo equal to base).
     """
     if rewards is None:
+
         def rewards(arm, seed, kind):
             return GOOD_REWARDS if (arm == "ada" and kind == "eval") else BASE_REWARDS
+
     write_eval(root / "base" / "eval.json", eval_obj("base", BASE_REWARDS))
     for arm in arms:
         for s in seeds:
@@ -80,14 +121,27 @@ def make_results(root: Path, arms=("grpo", "ada"), seeds=(17, 18), rewards=None,
                 write_eval(d / name, eval_obj(kind, rewards(arm, s, kind), arm=arm, seed=s))
             lines = train_lines(steps, 0.1, 0.6 if arm == "ada" else 0.2, drawn=40.0 if arm == "ada" else 32.0)
             (d / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    split = {part: {"total": 100, "eligible": 80, "dropped": {"one_fact_sentence": 15, "no_fact_sentence": 5},
-                    "drawn": 40 if part == "train" else N_PROBLEMS,
-                    "sentences_per_seat": {"a": {"mean": 1.6, "min": 1, "max": 3}, "b": {"mean": 1.2, "min": 1, "max": 2}}}
-             for part in ("train", "heldout")}
+    split = {
+        part: {
+            "total": 100,
+            "eligible": 80,
+            "dropped": {"one_fact_sentence": 15, "no_fact_sentence": 5},
+            "drawn": 40 if part == "train" else N_PROBLEMS,
+            "sentences_per_seat": {"a": {"mean": 1.6, "min": 1, "max": 3}, "b": {"mean": 1.2, "min": 1, "max": 2}},
+        }
+        for part in ("train", "heldout")
+    }
     write_eval(root / "data" / "split_stats.json", split)
-    write_eval(root / "selftest.json", {"passed": True, "checks": [
-        {"name": "split keeps every sentence", "passed": True, "detail": "80 problems"},
-        {"name": "grading of tricky strings", "passed": True, "detail": ""}]})
+    write_eval(
+        root / "selftest.json",
+        {
+            "passed": True,
+            "checks": [
+                {"name": "split keeps every sentence", "passed": True, "detail": "80 problems"},
+                {"name": "grading of tricky strings", "passed": True, "detail": ""},
+            ],
+        },
+    )
     return root
 
 
@@ -108,13 +162,16 @@ def test_schema_accepts_run_eval_shape_and_base_nulls():
     validate_eval(eval_obj("eval", GOOD_REWARDS, arm="ada", seed=17))
 
 
-@pytest.mark.parametrize("mutate, where", [
-    (lambda o: o["metrics"].pop("team_accuracy"), "/metrics"),
-    (lambda o: o["metrics"].__setitem__("no_box_rate", 1.5), "/metrics/no_box_rate"),
-    (lambda o: o.__setitem__("kind", "heldout"), "/kind"),
-    (lambda o: o["per_problem"]["rewards"].__setitem__(3, "high"), "/per_problem/rewards/3"),
-    (lambda o: o.__setitem__("arm", None), "/arm"),  # a trained kind must name its arm
-])
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda o: o["metrics"].pop("team_accuracy"), "/metrics"),
+        (lambda o: o["metrics"].__setitem__("no_box_rate", 1.5), "/metrics/no_box_rate"),
+        (lambda o: o.__setitem__("kind", "heldout"), "/kind"),
+        (lambda o: o["per_problem"]["rewards"].__setitem__(3, "high"), "/per_problem/rewards/3"),
+        (lambda o: o.__setitem__("arm", None), "/arm"),  # a trained kind must name its arm
+    ],
+)
 def test_validate_eval_names_the_bad_field(mutate, where):
     obj = eval_obj("eval", GOOD_REWARDS, arm="ada", seed=17)
     mutate(obj)
@@ -142,8 +199,9 @@ def test_csv_rows_and_columns(tmp_path):
     assert len(rows) == 2 * 2 * 3 + 1
     keys = [(r["arm"], r["seed"], r["kind"]) for r in rows]
     assert keys[-1] == ("base", "", "base")
-    assert set(keys[:-1]) == {(a, str(s), k) for a in ("grpo", "ada") for s in (17, 18)
-                              for k in ("eval", "crossplay", "crossplay_bA")}
+    assert set(keys[:-1]) == {
+        (a, str(s), k) for a in ("grpo", "ada") for s in (17, 18) for k in ("eval", "crossplay", "crossplay_bA")
+    }
     for r in rows:
         if r["kind"] == "eval":
             assert r["learned"] in ("True", "False") and r["p_value"]
@@ -199,6 +257,7 @@ def test_deterministic_for_a_seed(tmp_path):
 
 def test_alignment_by_problem_id(tmp_path):
     """A run equal to base problem by problem, written in shuffled order, matches base exactly."""
+
     def rewards(arm, seed, kind):
         return [0.5 if i % 3 == 0 else 1.0 for i in range(N_PROBLEMS)] if arm == "ada" else BASE_REWARDS
 
@@ -230,8 +289,16 @@ def test_problem_ids_differing_from_base_is_a_clear_error(tmp_path):
     assert str(path) in str(info.value) and "gsm8k-test-99999" in str(info.value)
 
 
-@pytest.mark.parametrize("rel", ["grpo/seed18/crossplay.json", "base/eval.json", "ada/seed17/train_log.jsonl",
-                                 "selftest.json", "data/split_stats.json"])
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "grpo/seed18/crossplay.json",
+        "base/eval.json",
+        "ada/seed17/train_log.jsonl",
+        "selftest.json",
+        "data/split_stats.json",
+    ],
+)
 def test_missing_file_is_a_clear_error(tmp_path, rel):
     root = make_results(tmp_path)
     (root / rel).unlink()

@@ -56,8 +56,12 @@ def test_ab_experiments_say_they_need_a_gpu_instead_of_failing_later():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the experiments would run")
     script = Path(__file__).resolve().parents[1] / "bench" / "ab.py"
-    out = subprocess.run([sys.executable, str(script), "two-sets", "--out", "/tmp/unused-ab"], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(script), "two-sets", "--out", "/tmp/unused-ab"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 1 and "needs a CUDA GPU" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 

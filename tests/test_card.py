@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_aggregate import GOOD_REWARDS, BASE_REWARDS, N_PROBLEMS, make_results  # noqa: E402
+from test_aggregate import BASE_REWARDS, GOOD_REWARDS, N_PROBLEMS, make_results  # noqa: E402
 
 from talkmethods import card  # noqa: E402
 from talkmethods.aggregate import summarize  # noqa: E402
-from talkmethods.card import (OFFLINE_LINE, OFFLINE_TITLE, REFERENCES, learned_sentences, render_card,  # noqa: E402
-                              write_card)
+from talkmethods.card import OFFLINE_LINE, OFFLINE_TITLE, REFERENCES, learned_sentences, render_card, write_card  # noqa: E402
 
 SECTIONS = ["## Recipe", "## Run", "## Result", "## Checks", "## Climb", "## Learned", "## References"]
 MAX_LINES = 6  # the Learned section is a summary, not a list of every comparison
@@ -28,17 +27,29 @@ MAX_LINES = 6  # the Learned section is a summary, not a list of every compariso
 def _kind(mean, lo, hi, values=None, beats=None, overlaps_base=True, figures=None):
     values = values if values is not None else [mean] * 3
     beats = beats if beats is not None else [False] * len(values)
-    return {"mean": mean, "lo": lo, "hi": hi,
-            "per_seed": [{"seed": 17 + i, "value": v, "p_value": 0.02 if b else 0.4, "beats_base": bool(b)}
-                         for i, (v, b) in enumerate(zip(values, beats))],
-            "seeds_beat_base": sum(map(bool, beats)), "overlaps_base": overlaps_base, "figures": figures or {}}
+    return {
+        "mean": mean,
+        "lo": lo,
+        "hi": hi,
+        "per_seed": [
+            {"seed": 17 + i, "value": v, "p_value": 0.02 if b else 0.4, "beats_base": bool(b)}
+            for i, (v, b) in enumerate(zip(values, beats))
+        ],
+        "seeds_beat_base": sum(map(bool, beats)),
+        "overlaps_base": overlaps_base,
+        "figures": figures or {},
+    }
 
 
 def _arm(ev, cp=None, ba=None, drawn=None):
     """An arm entry: held-out ``ev``, optional cross-play kinds and chats drawn per step."""
     kinds = {"eval": ev, **({"crossplay": cp} if cp else {}), **({"crossplay_bA": ba} if ba else {})}
-    return {"n_seeds": len(ev["per_seed"]), "seeds_learned": ev["seeds_beat_base"], "kinds": kinds,
-            "train": {"chats_drawn_per_step": drawn}}
+    return {
+        "n_seeds": len(ev["per_seed"]),
+        "seeds_learned": ev["seeds_beat_base"],
+        "kinds": kinds,
+        "train": {"chats_drawn_per_step": drawn},
+    }
 
 
 def _comp(x, y, poi, lo, hi, overlap):
@@ -47,8 +58,13 @@ def _comp(x, y, poi, lo, hi, overlap):
 
 def synthetic_summary(arms: dict, comparisons: list[dict], base=(0.21, 0.17, 0.25), base_figures=None) -> dict:
     """A summary with just the keys learned_sentences reads; ``arms``: name -> ``_arm(...)``."""
-    return {"alpha": 0.05, "arms": list(arms), "per_arm": dict(arms), "comparisons": comparisons,
-            "base": {"mean": base[0], "lo": base[1], "hi": base[2], **(base_figures or {})}}
+    return {
+        "alpha": 0.05,
+        "arms": list(arms),
+        "per_arm": dict(arms),
+        "comparisons": comparisons,
+        "base": {"mean": base[0], "lo": base[1], "hi": base[2], **(base_figures or {})},
+    }
 
 
 def _figs(chars, use):
@@ -67,11 +83,20 @@ def _check_shape(lines: list[str]) -> None:
 
 
 CLEAR = synthetic_summary(
-    {"grpo": _arm(_kind(0.28, 0.24, 0.32, [0.27, 0.30, 0.27], [1, 0, 1], overlaps_base=False),
-                  _kind(0.12, 0.08, 0.15, overlaps_base=False), drawn=32.0),
-     "ada": _arm(_kind(0.45, 0.41, 0.49, [0.44, 0.47, 0.44], [1, 1, 1], overlaps_base=False),
-                 _kind(0.34, 0.30, 0.38, [0.34] * 3, [1, 1, 1], overlaps_base=False), drawn=48.0)},
-    [_comp("grpo", "ada", 0.0, 0.0, 0.1, overlap=False)])
+    {
+        "grpo": _arm(
+            _kind(0.28, 0.24, 0.32, [0.27, 0.30, 0.27], [1, 0, 1], overlaps_base=False),
+            _kind(0.12, 0.08, 0.15, overlaps_base=False),
+            drawn=32.0,
+        ),
+        "ada": _arm(
+            _kind(0.45, 0.41, 0.49, [0.44, 0.47, 0.44], [1, 1, 1], overlaps_base=False),
+            _kind(0.34, 0.30, 0.38, [0.34] * 3, [1, 1, 1], overlaps_base=False),
+            drawn=48.0,
+        ),
+    },
+    [_comp("grpo", "ada", 0.0, 0.0, 0.1, overlap=False)],
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,8 +124,9 @@ def test_clear_winner_is_ranked_first_and_its_lead_is_supported():
 def test_cost_line_compares_ada_with_the_others():
     [cost] = [s for s in learned_sentences(CLEAR) if "chats drawn" in s]
     assert "ada 48.0 against 32.0 for grpo (1.50×)" in cost
-    no_ada = synthetic_summary({"grpo": _arm(_kind(0.3, 0.2, 0.4), drawn=32.0),
-                                "raft": _arm(_kind(0.3, 0.2, 0.4), drawn=32.0)}, [])
+    no_ada = synthetic_summary(
+        {"grpo": _arm(_kind(0.3, 0.2, 0.4), drawn=32.0), "raft": _arm(_kind(0.3, 0.2, 0.4), drawn=32.0)}, []
+    )
     assert not any("chats drawn" in s for s in learned_sentences(no_ada))
 
 
@@ -111,11 +137,17 @@ def test_cost_line_compares_ada_with_the_others():
 
 def test_everything_within_noise_says_needs_more_seeds_and_claims_no_gap():
     summary = synthetic_summary(
-        {"grpo": _arm(_kind(0.29, 0.24, 0.33, [0.28, 0.31, 0.28]), _kind(0.20, 0.16, 0.24)),
-         "ada": _arm(_kind(0.31, 0.27, 0.35, [0.30, 0.33, 0.30], [1, 1, 0]), _kind(0.22, 0.18, 0.26)),
-         "raft": _arm(_kind(0.30, 0.26, 0.34, [0.29, 0.31, 0.30], [0, 1, 0]), _kind(0.21, 0.17, 0.25))},
-        [_comp("grpo", "ada", 0.33, 0.0, 0.89, True), _comp("grpo", "raft", 0.44, 0.0, 1.0, True),
-         _comp("ada", "raft", 0.67, 0.11, 1.0, True)])
+        {
+            "grpo": _arm(_kind(0.29, 0.24, 0.33, [0.28, 0.31, 0.28]), _kind(0.20, 0.16, 0.24)),
+            "ada": _arm(_kind(0.31, 0.27, 0.35, [0.30, 0.33, 0.30], [1, 1, 0]), _kind(0.22, 0.18, 0.26)),
+            "raft": _arm(_kind(0.30, 0.26, 0.34, [0.29, 0.31, 0.30], [0, 1, 0]), _kind(0.21, 0.17, 0.25)),
+        },
+        [
+            _comp("grpo", "ada", 0.33, 0.0, 0.89, True),
+            _comp("grpo", "raft", 0.44, 0.0, 1.0, True),
+            _comp("ada", "raft", 0.67, 0.11, 1.0, True),
+        ],
+    )
     lines = learned_sentences(summary)
     _check_shape(lines)
     assert _ranked_arms(lines[0]) == ["ada", "raft", "grpo"]
@@ -131,7 +163,8 @@ def test_everything_within_noise_says_needs_more_seeds_and_claims_no_gap():
 def test_intervals_apart_but_probability_of_improvement_reaching_half_is_still_noise():
     summary = synthetic_summary(
         {"ada": _arm(_kind(0.40, 0.36, 0.44)), "grpo": _arm(_kind(0.30, 0.26, 0.34))},
-        [_comp("ada", "grpo", 0.78, 0.44, 1.0, overlap=False)])
+        [_comp("ada", "grpo", 0.78, 0.44, 1.0, overlap=False)],
+    )
     stats = learned_sentences(summary)[1]
     assert "within noise over grpo: needs more seeds" in stats and "reaches 0.5" in stats
     assert "lead is supported" not in stats
@@ -147,8 +180,9 @@ def test_all_zero_says_nothing_separates_the_arms():
     arms = ("grpo", "ada", "raft", "mixed")
     summary = synthetic_summary(
         {a: _arm(zero, zero, zero, drawn=96.0 if a == "ada" else 32.0) for a in arms},
-        [_comp(x, y, 0.5, 0.5, 0.5, True) for i, x in enumerate(arms) for y in arms[i + 1:]],
-        base=(0.0, 0.0, 0.0))
+        [_comp(x, y, 0.5, 0.5, 0.5, True) for i, x in enumerate(arms) for y in arms[i + 1 :]],
+        base=(0.0, 0.0, 0.0),
+    )
     for a in arms:  # identical message figures: no difference to report
         summary["per_arm"][a]["kinds"]["eval"]["figures"] = _figs(40.0, 0.0)
     lines = learned_sentences(summary)
@@ -169,20 +203,26 @@ def test_all_zero_says_nothing_separates_the_arms():
 
 def _mixed_summary():
     fig = {"grpo": _figs(180.0, 0.5), "ada": _figs(200.0, 0.6), "raft": _figs(91.0, 0.2), "mixed": _figs(210.0, 0.45)}
-    evals = {"grpo": _kind(0.30, 0.22, 0.37, [0.33, 0.35, 0.22], [1, 1, 0], False),
-             "ada": _kind(0.38, 0.33, 0.43, [0.36, 0.40, 0.38], [1, 1, 1], False),
-             "raft": _kind(0.27, 0.25, 0.29, [0.26, 0.27, 0.28], [1, 1, 1], False),
-             "mixed": _kind(0.20, 0.18, 0.22, [0.19, 0.20, 0.21], [0, 0, 0], True)}
+    evals = {
+        "grpo": _kind(0.30, 0.22, 0.37, [0.33, 0.35, 0.22], [1, 1, 0], False),
+        "ada": _kind(0.38, 0.33, 0.43, [0.36, 0.40, 0.38], [1, 1, 1], False),
+        "raft": _kind(0.27, 0.25, 0.29, [0.26, 0.27, 0.28], [1, 1, 1], False),
+        "mixed": _kind(0.20, 0.18, 0.22, [0.19, 0.20, 0.21], [0, 0, 0], True),
+    }
     arms = {}
     for a, ev in evals.items():
         ev["figures"] = fig[a]
         cp = _kind(0.27, 0.25, 0.30, overlaps_base=False) if a == "ada" else _kind(0.23, 0.20, 0.26)
         arms[a] = _arm(ev, cp, _kind(0.22, 0.18, 0.26), drawn=47.3 if a == "ada" else 32.0)
-    comps = [_comp("grpo", "ada", 0.22, 0.0, 0.67, True), _comp("grpo", "raft", 0.67, 0.22, 1.0, True),
-             _comp("grpo", "mixed", 1.0, 1.0, 1.0, False), _comp("ada", "raft", 1.0, 1.0, 1.0, False),
-             _comp("ada", "mixed", 1.0, 1.0, 1.0, False), _comp("raft", "mixed", 1.0, 1.0, 1.0, False)]
-    return synthetic_summary(arms, comps, base=(0.21, 0.18, 0.24),
-                             base_figures={**_figs(310.0, 0.3)})
+    comps = [
+        _comp("grpo", "ada", 0.22, 0.0, 0.67, True),
+        _comp("grpo", "raft", 0.67, 0.22, 1.0, True),
+        _comp("grpo", "mixed", 1.0, 1.0, 1.0, False),
+        _comp("ada", "raft", 1.0, 1.0, 1.0, False),
+        _comp("ada", "mixed", 1.0, 1.0, 1.0, False),
+        _comp("raft", "mixed", 1.0, 1.0, 1.0, False),
+    ]
+    return synthetic_summary(arms, comps, base=(0.21, 0.18, 0.24), base_figures={**_figs(310.0, 0.3)})
 
 
 def test_mixed_verdicts_group_arms_that_share_one():
@@ -210,15 +250,22 @@ def test_mixed_verdicts_group_arms_that_share_one():
 
 
 def test_ties_in_the_ranking_print_as_equal():
-    summary = synthetic_summary({"grpo": _arm(_kind(0.30, 0.2, 0.4)), "raft": _arm(_kind(0.30, 0.25, 0.35)),
-                                 "mixed": _arm(_kind(0.10, 0.05, 0.15))}, [])
+    summary = synthetic_summary(
+        {
+            "grpo": _arm(_kind(0.30, 0.2, 0.4)),
+            "raft": _arm(_kind(0.30, 0.25, 0.35)),
+            "mixed": _arm(_kind(0.10, 0.05, 0.15)),
+        },
+        [],
+    )
     ranking = learned_sentences(summary)[0]
     assert "grpo 0.30 [0.20, 0.40] (0/3 seeds learned) = raft 0.30 [0.25, 0.35] (0/3) > mixed" in ranking
 
 
 def test_single_arm_without_comparisons():
-    summary = synthetic_summary({"raft": _arm(_kind(0.5, 0.4, 0.6, [0.5], [1], overlaps_base=False),
-                                              _kind(0.2, 0.15, 0.25))}, [])
+    summary = synthetic_summary(
+        {"raft": _arm(_kind(0.5, 0.4, 0.6, [0.5], [1], overlaps_base=False), _kind(0.2, 0.15, 0.25))}, []
+    )
     lines = learned_sentences(summary)
     _check_shape(lines)
     assert lines[0].startswith("Ranking") and "raft 0.50 [0.40, 0.60] (1/1 seeds learned)" in lines[0]
@@ -243,16 +290,31 @@ def summary_and_root(tmp_path_factory):
     return summarize(root, ["grpo", "ada", "raft"], [17, 18, 19], n_boot=1000, alpha=0.05, seed=0), root
 
 
-META = {"model": "offline-tiny-qwen2", "data": "generated word problems (64 train / 20 held-out)",
-        "device": "cpu (x86_64)",
-        "recipe": {"steps": 12, "problems_per_step": 4, "chats_per_problem": 4, "learning_rate": 1e-4, "lora_r": 32,
-                   "lora_alpha": 64, "loss_type": "dapo", "beta": 0.0, "num_iterations": 1, "temperature": 1.0,
-                   "max_new_tokens": 12, "seeds": [17, 18, 19], "arms": ["grpo", "ada", "raft"]}}
+META = {
+    "model": "offline-tiny-qwen2",
+    "data": "generated word problems (64 train / 20 held-out)",
+    "device": "cpu (x86_64)",
+    "recipe": {
+        "steps": 12,
+        "problems_per_step": 4,
+        "chats_per_problem": 4,
+        "learning_rate": 1e-4,
+        "lora_r": 32,
+        "lora_alpha": 64,
+        "loss_type": "dapo",
+        "beta": 0.0,
+        "num_iterations": 1,
+        "temperature": 1.0,
+        "max_new_tokens": 12,
+        "seeds": [17, 18, 19],
+        "arms": ["grpo", "ada", "raft"],
+    },
+}
 
 
 def _section(text: str, name: str) -> str:
     start = text.index(f"## {name}")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 @pytest.mark.parametrize("offline", [True, False])
@@ -269,17 +331,17 @@ def test_write_card_sections_and_png(summary_and_root, tmp_path, offline):
         assert first == "# Talk Methods card" and "toy world" not in text
     positions = [text.index(s) for s in SECTIONS]
     assert positions == sorted(positions)
-    result = text[text.index("## Result"):text.index("## Checks")]
+    result = text[text.index("## Result") : text.index("## Checks")]
     for arm in ("grpo", "ada", "raft"):
         assert re.search(rf"^\| {arm} \| \d\.\d\d \[\d\.\d\d, \d\.\d\d\] \|", result, re.M)
     assert "| ada | 0.88 [" in result and "| 3/3 |" in result and "| 0/3 |" in result
     assert re.search(r"^\| base × base \| 0\.12 \[", result, re.M)
-    checks = text[text.index("## Checks"):text.index("## Climb")]
+    checks = text[text.index("## Checks") : text.index("## Climb")]
     assert "PASSED" in checks and "split keeps every sentence" in checks and "15 one fact sentence" in checks
     assert "Longest seat prompt in training: 311 tokens" in checks
-    climb = text[text.index("## Climb"):text.index("## Learned")]
+    climb = text[text.index("## Climb") : text.index("## Learned")]
     assert "](card.png)" in climb and "- ada: 0.10 → 0.60" in climb
-    learned = text[text.index("## Learned"):text.index("## References")]
+    learned = text[text.index("## Learned") : text.index("## References")]
     lines = learned_sentences(summary)
     assert [ln for ln in learned.splitlines() if ln.startswith("- ")] == [f"- {s}" for s in lines]
     assert len(lines) <= MAX_LINES and _ranked_arms(lines[0])[0] == "ada"
@@ -298,7 +360,9 @@ def test_write_card_sections_and_png(summary_and_root, tmp_path, offline):
 def test_write_card_reads_checks_from_results_dir(summary_and_root, tmp_path):
     summary, root = summary_and_root
     bare = {k: v for k, v in summary.items() if k != "checks"}
-    write_card(bare, root, tmp_path / "out" / "card.md", tmp_path / "out" / "figs" / "card.png", dict(META, offline=True))
+    write_card(
+        bare, root, tmp_path / "out" / "card.md", tmp_path / "out" / "figs" / "card.png", dict(META, offline=True)
+    )
     text = (tmp_path / "out" / "card.md").read_text()
     assert "](figs/card.png)" in text and "PASSED" in text
     assert sum(GOOD_REWARDS) / N_PROBLEMS > sum(BASE_REWARDS) / N_PROBLEMS
@@ -311,8 +375,9 @@ def test_write_card_reads_checks_from_results_dir(summary_and_root, tmp_path):
 
 def test_run_shows_world_warm_start_and_short_prompt(summary_and_root):
     summary, _ = summary_and_root
-    meta = dict(META, offline=True, world="count, short prompt", warmstart={"steps": 600, "examples": 4096},
-                prompt="short")
+    meta = dict(
+        META, offline=True, world="count, short prompt", warmstart={"steps": 600, "examples": 4096}, prompt="short"
+    )
     run = _section(render_card(summary, meta, summary["checks"]), "Run")
     lines = run.splitlines()
     assert "- World: count, short prompt" in lines
@@ -336,9 +401,17 @@ def test_offline_banner_line_and_figure_title(summary_and_root, tmp_path, monkey
     summary, root = summary_and_root
     titles = []
     real = card.plot_card
-    monkeypatch.setattr(card, "plot_card", lambda s, p, offline=False, title=None: (
-        titles.append((offline, title)), real(s, p, offline=offline, title=title)))
-    write_card(summary, root, tmp_path / "a.md", tmp_path / "a.png", dict(META, offline=True, warmstart={"steps": 600}))
+    monkeypatch.setattr(
+        card,
+        "plot_card",
+        lambda s, p, offline=False, title=None: (
+            titles.append((offline, title)),
+            real(s, p, offline=offline, title=title),
+        ),
+    )
+    write_card(
+        summary, root, tmp_path / "a.md", tmp_path / "a.png", dict(META, offline=True, warmstart={"steps": 600})
+    )
     write_card(summary, root, tmp_path / "b.md", tmp_path / "b.png", dict(META, offline=False))
     assert titles == [(True, OFFLINE_TITLE), (False, None)]
     assert "toy world" in OFFLINE_TITLE and "not Qwen on GSM8K" in OFFLINE_TITLE

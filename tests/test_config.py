@@ -28,13 +28,19 @@ ARMS = "grpo, ada, raft, mixed, ada_mixed"
 
 def base_config() -> dict:
     """What the offline default runs with: config.yaml overlaid by offline.yaml."""
-    return merge(yaml.safe_load((REPO / "config.yaml").read_text()), yaml.safe_load((REPO / "offline.yaml").read_text()))
+    return merge(
+        yaml.safe_load((REPO / "config.yaml").read_text()), yaml.safe_load((REPO / "offline.yaml").read_text())
+    )
 
 
 # id: (overlay YAML, key the message must name, fragments naming what is allowed)
 BAD = {
     "unknown-arm": ("arms: [grpo, ppo]", "arms.1", ["'ppo'", f"allowed: {ARMS}"]),
-    "negative-lr": ("train: {learning_rate: -1.0e-4}", "train.learning_rate", ["-0.0001", "expected number (exclusiveMinimum 0, maximum 1)"]),
+    "negative-lr": (
+        "train: {learning_rate: -1.0e-4}",
+        "train.learning_rate",
+        ["-0.0001", "expected number (exclusiveMinimum 0, maximum 1)"],
+    ),
     "non-numeric-lr": ("train: {learning_rate: fast}", "train.learning_rate", ["'fast'", "expected number"]),
     "nan-lr": ("train: {learning_rate: .nan}", "train.learning_rate", ["nan", "expected a finite number"]),
     "seed-not-integer": ("seeds: [17, x]", "seeds.1", ["'x'", "expected integer (minimum 0)"]),
@@ -43,18 +49,33 @@ BAD = {
     "missing-model-dir": ("model: {name: ./no/such/dir}", "model.name", ["no such directory", "offline-tiny-qwen2"]),
     "zero-turn-length": ("train: {max_new_tokens: 0}", "train.max_new_tokens", ["expected integer (minimum 1)"]),
     "zero-eval-turn-length": ("eval: {max_new_tokens: 0}", "eval.max_new_tokens", ["expected integer (minimum 1)"]),
-    "unknown-top-level-key": ("trian: {steps: 3}", "'trian'", ["allowed keys: arms, bench, checkpoint_dir, data, eval"]),
+    "unknown-top-level-key": (
+        "trian: {steps: 3}",
+        "'trian'",
+        ["allowed keys: arms, bench, checkpoint_dir, data, eval"],
+    ),
     "unknown-train-key": ("train: {stepz: 3}", "'stepz'", ["allowed keys:", "steps"]),
-    "local-missing-dir": ("data: {source: local, local_dir: ./no/such/data}", "data.local_dir", ["no such directory", "data.source: local"]),
+    "local-missing-dir": (
+        "data: {source: local, local_dir: ./no/such/data}",
+        "data.local_dir",
+        ["no such directory", "data.source: local"],
+    ),
     "local-unset-dir": ("data: {source: local}", "data.local_dir", ["no such directory"]),
     "n-train-over-hub": ("data: {source: hub, n_train: 8000}", "data.n_train", ["7473", "lower data.n_train"]),
-    "warmstart-with-hub-model": ("model: {name: Qwen/Qwen2.5-1.5B-Instruct}", "model.warmstart",
-                                 ["model.name: offline-tiny-qwen2", "model.warmstart: null"]),
+    "warmstart-with-hub-model": (
+        "model: {name: Qwen/Qwen2.5-1.5B-Instruct}",
+        "model.warmstart",
+        ["model.name: offline-tiny-qwen2", "model.warmstart: null"],
+    ),
     "warmstart-heads": ("model: {warmstart: {heads: 3}}", "model.warmstart", ["multiple of heads"]),
     "warmstart-slip-rate": ("model: {warmstart: {slip_rate: 1.5}}", "model.warmstart.slip_rate", ["maximum 1"]),
     "unknown-world": ("data: {world: chess}", "data.world", ["allowed: count, templates"]),
     "train-top-p": ("train: {top_p: 0.9}", "train.top_p", ["softmax(logits / temperature)", "train.top_p: 1.0"]),
-    "train-rep-penalty": ("train: {repetition_penalty: 1.05}", "train.repetition_penalty", ["softmax(logits / temperature)"]),
+    "train-rep-penalty": (
+        "train: {repetition_penalty: 1.05}",
+        "train.repetition_penalty",
+        ["softmax(logits / temperature)"],
+    ),
     "eval-rep-penalty-fast": ("eval: {repetition_penalty: 1.05}", "eval.repetition_penalty", ["eval.engine: plain"]),
 }
 
@@ -108,7 +129,8 @@ def test_more_train_problems_than_rows_fails_in_validation(tmp_path):
         validate_config(cfg)
     assert str(err.value) == (
         f"config: data.n_train = 5 is more than the 3 problems in {data / 'train.jsonl'} (and only the eligible "
-        "ones, with two or more fact sentences, count): lower data.n_train")
+        "ones, with two or more fact sentences, count): lower data.n_train"
+    )
 
 
 def test_more_train_problems_than_eligible_ones_fails_in_the_split(tmp_path):
@@ -123,15 +145,18 @@ def test_more_train_problems_than_eligible_ones_fails_in_the_split(tmp_path):
     out = tmp_path / "results/data"
     with pytest.raises(DataError) as err:
         split_stage(split_params(cfg), out / "train.jsonl", out / "heldout.jsonl", out / "split_stats.json")
-    assert str(err.value) == ("n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible "
-                              "(a sentence that asks, two or more fact sentences); lower n_train or use more data")
+    assert str(err.value) == (
+        "n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible "
+        "(a sentence that asks, two or more fact sentences); lower n_train or use more data"
+    )
     assert not out.exists()  # nothing half-written
 
 
 def _cli(args: list[str], cwd: Path, timeout: int = 180) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "talkmethods", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "talkmethods", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cli_split_on_broken_local_jsonl_and_on_too_few_eligible(tmp_path):
@@ -143,14 +168,39 @@ def test_cli_split_on_broken_local_jsonl_and_on_too_few_eligible(tmp_path):
     few = _local_dir(tmp_path / "few", 3, 3, 4)
     for name, folder in (("broken", broken), ("few", few)):
         (tmp_path / f"{name}.yaml").write_text(
-            yaml.safe_dump({"data": {"source": "local", "local_dir": str(folder), "n_train": 4 if name == "broken" else 5,
-                                     "n_heldout": 2}}))
+            yaml.safe_dump(
+                {
+                    "data": {
+                        "source": "local",
+                        "local_dir": str(folder),
+                        "n_train": 4 if name == "broken" else 5,
+                        "n_heldout": 2,
+                    }
+                }
+            )
+        )
     cfg = ["--config", str(REPO / "config.yaml"), "--config", str(REPO / "offline.yaml")]
-    procs = {name: subprocess.Popen([sys.executable, "-m", "talkmethods", "split", *cfg, "--config", f"{name}.yaml",
-                                     "--results", f"res_{name}"], cwd=tmp_path, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True,
-                                    env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)))
-             for name in ("broken", "few")}
+    procs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "talkmethods",
+                "split",
+                *cfg,
+                "--config",
+                f"{name}.yaml",
+                "--results",
+                f"res_{name}",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)),
+        )
+        for name in ("broken", "few")
+    }
     out = {name: p.communicate(timeout=180) for name, p in procs.items()}
     for name, p in procs.items():
         assert p.returncode == 2, out[name][1][-3000:]
@@ -160,7 +210,8 @@ def test_cli_split_on_broken_local_jsonl_and_on_too_few_eligible(tmp_path):
     assert line.startswith(f"error: {broken / 'train.jsonl'}, line 3: broken JSON (")
     assert _one_error_line(out["few"][1]) == (
         "error: n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible (a sentence that asks, "
-        "two or more fact sentences); lower n_train or use more data")
+        "two or more fact sentences); lower n_train or use more data"
+    )
 
 
 def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch, capsys):
@@ -171,22 +222,30 @@ def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch
     cfg = ["--config", str(REPO / "config.yaml"), "--config", str(REPO / "offline.yaml")]
     cases = [
         (["train", *cfg, "--arm", "ppo", "--seed", "17"], f"error: --arm 'ppo' is not valid; allowed: {ARMS}"),
-        (["train", *cfg, "--arm", "grpo", "--seed", "17"],
-         "error: results/data/train.jsonl: not found; run `python -m talkmethods split` with the same --config "
-         "and --results first"),
+        (
+            ["train", *cfg, "--arm", "grpo", "--seed", "17"],
+            "error: results/data/train.jsonl: not found; run `python -m talkmethods split` with the same --config "
+            "and --results first",
+        ),
     ]
     (tmp_path / "results/data").mkdir(parents=True)
     (tmp_path / "results/data/heldout.jsonl").write_text("{}\n")
-    no_warm = ("error: results/warmstart/model: not found; run `python -m talkmethods warmstart` with the same "
-               "--config and --results first")
+    no_warm = (
+        "error: results/warmstart/model: not found; run `python -m talkmethods warmstart` with the same "
+        "--config and --results first"
+    )
     for argv in (["eval", *cfg, "--kind", "base"], ["eval", *cfg, "--kind", "eval", "--arm", "grpo", "--seed", "17"]):
         with pytest.raises(SystemExit):
             main(argv)
         assert _one_error_line(capsys.readouterr().err) == no_warm  # the offline default's evals need the warm start
     (tmp_path / "results/warmstart/model").mkdir(parents=True)
-    cases.append((["eval", *cfg, "--kind", "eval", "--arm", "grpo", "--seed", "17"],
-                  "error: results/grpo/seed17/adapter: not found; train it first: "
-                  "`python -m talkmethods train --arm grpo --seed 17`"))
+    cases.append(
+        (
+            ["eval", *cfg, "--kind", "eval", "--arm", "grpo", "--seed", "17"],
+            "error: results/grpo/seed17/adapter: not found; train it first: "
+            "`python -m talkmethods train --arm grpo --seed 17`",
+        )
+    )
     for argv, expected in cases:
         with pytest.raises(SystemExit) as exit_:
             main(argv)
@@ -197,10 +256,29 @@ def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch
 
 
 def _snakemake(workdir: Path, overlay: Path, dry: bool = True) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "-j1", *(["-n"] if dry else []), TARGET, "--configfile", str(REPO / "offline.yaml"), str(overlay)]
-    return subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "-j1",
+        *(["-n"] if dry else []),
+        TARGET,
+        "--configfile",
+        str(REPO / "offline.yaml"),
+        str(overlay),
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
 
 
 def test_snakemake_refuses_each_bad_config_before_any_job(tmp_path):
@@ -221,12 +299,13 @@ def test_snakemake_refuses_each_bad_config_before_any_job(tmp_path):
     runs["unknown-arm-real"] = _snakemake(real, real / "bad.yaml", dry=False)
     few = tmp_path / "few-eligible"
     data = _local_dir(few / "gsm", 3, 3, 4)
-    (few / "bad.yaml").write_text(yaml.safe_dump({"data": {"source": "local", "local_dir": str(data), "n_train": 5,
-                                                           "n_heldout": 2}}))
+    (few / "bad.yaml").write_text(
+        yaml.safe_dump({"data": {"source": "local", "local_dir": str(data), "n_train": 5, "n_heldout": 2}})
+    )
     runs["few-eligible"] = _snakemake(few, few / "bad.yaml", dry=False)
     results = {case: (p.communicate(timeout=400), p.returncode) for case, p in runs.items()}
 
-    for case, ((stdout, stderr), rc) in results.items():
+    for case, ((_stdout, stderr), rc) in results.items():
         if case == "few-eligible":
             continue
         _, key, fragments = BAD[case.removesuffix("-real")]
@@ -246,7 +325,8 @@ def test_snakemake_refuses_each_bad_config_before_any_job(tmp_path):
     assert "ERROR talkmethods: error: n_train = 5 requested" in log, log
     assert _one_error_line(stderr) == (
         "error: n_train = 5 requested, but only 3 of the 6 problems in its pool are eligible (a sentence that asks, "
-        "two or more fact sentences); lower n_train or use more data")
+        "two or more fact sentences); lower n_train or use more data"
+    )
     assert not (few / "results/data/train.jsonl").exists()
 
 
@@ -256,8 +336,13 @@ def test_config_module_does_not_import_torch():
 
     assert config.OFFLINE_MODEL == models.OFFLINE_MODEL
     code = "import sys, talkmethods.config; print('torch' in sys.modules)"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert res.stdout.strip() == "False", res.stderr
 
 
@@ -285,7 +370,10 @@ def test_a_model_dir_that_holds_no_model_is_one_line_naming_model_name(tmp_path)
     (odd / "config.json").write_text('{"model_type": "nonsense"}')
     validate_config(merge(base_config(), {"model": {"name": str(empty), "warmstart": None}}))
     for folder in (empty, odd):
-        for load, what in ((lambda s: load_tokenizer(s), "tokenizer"), (lambda s: load_model(s, torch.float32), "causal LM")):
+        for load, what in (
+            (lambda s: load_tokenizer(s), "tokenizer"),
+            (lambda s: load_model(s, torch.float32), "causal LM"),
+        ):
             with pytest.raises(ModelError) as err:
                 load(ModelSpec(str(folder)))
             message = str(err.value)
@@ -327,8 +415,10 @@ def test_every_key_the_code_reads_is_required_and_the_dataclasses_have_no_defaul
     from talkmethods.recipe import EvalConfig, TrainConfig
 
     for cls in (TrainConfig, EvalConfig):
-        assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                   for f in dataclasses.fields(cls)), cls
+        assert all(
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            for f in dataclasses.fields(cls)
+        ), cls
     full = base_config()
     for section in ("model", "data", "train", "eval", "stats", "bench"):
         for key in full[section]:

@@ -219,12 +219,14 @@ class ScriptedDraw:
 
 
 def test_replays_are_batched_one_call_per_round_and_capped_at_three():
-    draw = ScriptedDraw({
-        0: [[1, 0, 0, 0]],  # mixed at once: never replayed
-        1: [[0, 0, 0, 0], [0, 0, 1, 0]],  # uniform, then mixed: one replay
-        2: [[1, 1, 1, 1]] * 5,  # uniform forever: 3 replays, then stop (a 5th round is never asked)
-        3: [[0.5] * 4, [0.5] * 4, [1, 0.5, 0.5, 0.5]],  # mixed after two replays
-    })
+    draw = ScriptedDraw(
+        {
+            0: [[1, 0, 0, 0]],  # mixed at once: never replayed
+            1: [[0, 0, 0, 0], [0, 0, 1, 0]],  # uniform, then mixed: one replay
+            2: [[1, 1, 1, 1]] * 5,  # uniform forever: 3 replays, then stop (a 5th round is never asked)
+            3: [[0.5] * 4, [0.5] * 4, [1, 0.5, 0.5, 0.5]],  # mixed after two replays
+        }
+    )
     drawn = draw_with_replays(draw, 4)
     assert draw.calls == [[0, 1, 2, 3], [1, 2, 3], [2, 3], [2]]
     assert drawn[0] == [1, 0, 0, 0]
@@ -325,8 +327,9 @@ def test_ahead_drops_the_rounds_the_rule_never_reaches():
 
 def test_ahead_with_no_replays_is_one_round_as_before():
     seq, ahead = QueueDraw(SCRIPT), QueueDraw(SCRIPT)
-    assert draw_with_replays(ahead, 4, max_replays=0, reward=chat_reward, ahead=True) == \
-        draw_with_replays(seq, 4, max_replays=0, reward=chat_reward)
+    assert draw_with_replays(ahead, 4, max_replays=0, reward=chat_reward, ahead=True) == draw_with_replays(
+        seq, 4, max_replays=0, reward=chat_reward
+    )
     assert ahead.calls == seq.calls == [[0, 1, 2, 3]]
 
 

@@ -26,8 +26,10 @@ def peft_model():
     """The tiny model with a LoRA adapter whose B matrices are non-zero, so the adapter changes outputs."""
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32),
-                           LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
+    model = get_peft_model(
+        load_model(ModelSpec("offline-tiny-qwen2"), torch.float32),
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]),
+    )
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -37,9 +39,17 @@ def peft_model():
 
 
 def _prompts(tok, n=6):
-    return [list(tok.apply_chat_template([{"role": "user", "content": f"item {i} " * (i + 1)}],
-                                        add_generation_prompt=True, tokenize=True, return_dict=False))
-            for i in range(n)]
+    return [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"item {i} " * (i + 1)}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("adapter_on", [[False] * 6, [True] * 6, [True, False] * 3])
@@ -130,16 +140,25 @@ def test_plain_samples_as_configured_not_as_the_checkpoint_says(peft_model, qwen
     clean = gen.generate(prompts, [True] * 6, sampling)
     saved = peft_model.generation_config
     try:
-        peft_model.generation_config = type(saved)(**{**saved.to_dict(), "repetition_penalty": 1.5, "top_k": 2,
-                                                       "min_p": 0.5, "no_repeat_ngram_size": 1})
+        peft_model.generation_config = type(saved)(
+            **{**saved.to_dict(), "repetition_penalty": 1.5, "top_k": 2, "min_p": 0.5, "no_repeat_ngram_size": 1}
+        )
         torch.manual_seed(3)
         assert gen.generate(prompts, [True] * 6, sampling) == clean
         # the control that this test can fail: left to the checkpoint's defaults, generate samples otherwise
         ids, mask = gen.left_pad(prompts)
         torch.manual_seed(3)
-        leaked = peft_model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=12,
-                                     temperature=1.0, top_p=1.0, eos_token_id=gen.eos_ids, pad_token_id=gen.pad_id)
-        assert gen._trim(leaked[:, ids.size(1):]) != clean
+        leaked = peft_model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=12,
+            temperature=1.0,
+            top_p=1.0,
+            eos_token_id=gen.eos_ids,
+            pad_token_id=gen.pad_id,
+        )
+        assert gen._trim(leaked[:, ids.size(1) :]) != clean
     finally:
         peft_model.generation_config = saved
 
@@ -158,10 +177,17 @@ def test_the_registry_imports_the_fast_engine_only_when_asked_for():
     import sys
     from pathlib import Path
 
-    code = ("import sys, talkmethods.engines, talkmethods.rollout; "
-            "print(sorted(m for m in sys.modules if m.startswith('talkmethods.engines.fast')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys, talkmethods.engines, talkmethods.rollout; "
+        "print(sorted(m for m in sys.modules if m.startswith('talkmethods.engines.fast')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.stdout.strip() == "[]", out.stdout
 
 

@@ -96,8 +96,14 @@ print("LANES", [[t.completion_ids for t in c.turns] for c in chats] == [[t.compl
 
 def _interpret(code: str) -> str:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                         timeout=900, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -38,9 +38,17 @@ def peft_model():
 
 
 def _prompts(tok, n=6):
-    return [list(tok.apply_chat_template([{"role": "user", "content": f"item {i} " * (i + 1)}],
-                                        add_generation_prompt=True, tokenize=True, return_dict=False))
-            for i in range(n)]
+    return [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"item {i} " * (i + 1)}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for i in range(n)
+    ]
 
 
 def _logprobs_by_forward(model, prompt, completion, adapter_on):
@@ -71,7 +79,8 @@ def test_fast_runs_a_model_without_adapter(qwen_tokenizer):
     prompts = _prompts(qwen_tokenizer, 3)
     fast = FastGenerator(model, qwen_tokenizer)
     assert fast.generate(prompts, [False] * 3, GREEDY) == PlainGenerator(model, qwen_tokenizer).generate(
-        prompts, [False] * 3, GREEDY)
+        prompts, [False] * 3, GREEDY
+    )
     with pytest.raises(ValueError, match="no adapter"):
         fast.generate(prompts, [True] * 3, GREEDY)
 
@@ -104,8 +113,10 @@ def _logprobs_at_temperature(model, prompt, completion, adapter_on, temperature)
 
 def test_sync_weights_folds_in_the_new_adapter_and_staleness_shows(qwen_tokenizer):
     """After an optimizer step the merged copy is stale until ``sync_weights``: the log-prob check sees it."""
-    model = _lora(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32), targets=("q_proj", "k_proj", "v_proj",
-                  "o_proj", "gate_proj", "up_proj", "down_proj"))
+    model = _lora(
+        load_model(ModelSpec("offline-tiny-qwen2"), torch.float32),
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    )
     prompts = _prompts(qwen_tokenizer, 4)
     fast = FastGenerator(model, qwen_tokenizer)
     fast.generate(prompts, [True] * 4, GREEDY)
@@ -116,15 +127,18 @@ def test_sync_weights_folds_in_the_new_adapter_and_staleness_shows(qwen_tokenize
 
     def worst_diff():
         out = fast.generate(prompts, [True] * 4, GREEDY)
-        return max((torch.tensor(lp) - _logprobs_by_forward(model, p, c, True)).abs().max().item()
-                   for p, c, lp in zip(prompts, out, fast.last_logprobs, strict=True))
+        return max(
+            (torch.tensor(lp) - _logprobs_by_forward(model, p, c, True)).abs().max().item()
+            for p, c, lp in zip(prompts, out, fast.last_logprobs, strict=True)
+        )
 
     stale = worst_diff()
     fast.sync_weights()
     fresh = worst_diff()
     assert fresh < 1e-4 < 0.05 < stale
     assert fast.generate(prompts, [True] * 4, GREEDY) == PlainGenerator(model, qwen_tokenizer).generate(
-        prompts, [True] * 4, GREEDY)
+        prompts, [True] * 4, GREEDY
+    )
 
 
 def test_cache_grows_for_longer_prompts_and_turns(peft_model, qwen_tokenizer):
@@ -169,8 +183,16 @@ def test_batch_bucket():
 def test_non_qwen2_models_are_refused_with_a_hint(qwen_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=1000,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     with pytest.raises(ValueError, match="engine to loop"):
         FastGenerator(model, qwen_tokenizer)
 
@@ -199,7 +221,9 @@ def test_compiled_engine_matches_generate_on_the_cpu(peft_model, qwen_tokenizer)
     prompts = _prompts(qwen_tokenizer)
     on = [True, False] * 3
     fast = FastGenerator(peft_model, qwen_tokenizer, graphs=False, compile=True, attention="sdpa")
-    assert fast.generate(prompts, on, GREEDY) == PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, on, GREEDY)
+    assert fast.generate(prompts, on, GREEDY) == PlainGenerator(peft_model, qwen_tokenizer).generate(
+        prompts, on, GREEDY
+    )
     longer = [p + p for p in _prompts(qwen_tokenizer, 3)]
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(longer, [True] * 3, GREEDY)
     assert fast.generate(longer, [True] * 3, GREEDY) == want
@@ -232,8 +256,9 @@ def test_a_seats_second_turn_continues_its_cached_first_turn(peft_model, qwen_to
         _, probe, _ = _play_both(peft_model, qwen_tokenizer)
         stop = probe[0].turns[0].completion_ids[3]
     fast, got, want = _play_both(peft_model, qwen_tokenizer, stop)
-    assert [[(t.prompt_ids, t.completion_ids) for t in c.turns] for c in got] == \
-           [[(t.prompt_ids, t.completion_ids) for t in c.turns] for c in want]
+    assert [[(t.prompt_ids, t.completion_ids) for t in c.turns] for c in got] == [
+        [(t.prompt_ids, t.completion_ids) for t in c.turns] for c in want
+    ]
     if early_stops:
         lengths = {len(t.completion_ids) for c in got for t in c.turns}
         assert len(lengths) > 1 and min(lengths) < 10, lengths  # holes of several sizes were skipped
@@ -250,7 +275,8 @@ def test_a_lane_starts_afresh_after_new_weights_or_other_prompts(peft_model, qwe
     longer = [p + c + [7, 8] for p, c in zip(prompts, first, strict=True)]
     fast.sync_weights()  # the cached K/V belong to the old weights
     assert fast.generate(longer, [True] * 3, GREEDY, lane="A") == PlainGenerator(peft_model, qwen_tokenizer).generate(
-        longer, [True] * 3, GREEDY)
+        longer, [True] * 3, GREEDY
+    )
     assert fast.timing["reused_tokens"] == 0
     fast.generate(prompts, [True] * 3, GREEDY, lane="A")
     other = [[9] + p for p in longer]  # no row continues its cached tokens
@@ -260,7 +286,9 @@ def test_a_lane_starts_afresh_after_new_weights_or_other_prompts(peft_model, qwe
     mixed = [longer[0], other[1], longer[2]]  # rows 0 and 2 continue, row 1 is prefilled whole
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(mixed, [True] * 3, GREEDY)
     assert fast.generate(mixed, [True] * 3, GREEDY, lane="A") == want
-    assert fast.timing["reused_tokens"] == sum(len(p) + len(c) - 1 for i, (p, c) in enumerate(zip(prompts, first)) if i != 1)
+    assert fast.timing["reused_tokens"] == sum(
+        len(p) + len(c) - 1 for i, (p, c) in enumerate(zip(prompts, first)) if i != 1
+    )
 
 
 def test_both_weight_sets_decode_together_on_their_own_buffers(peft_model, qwen_tokenizer):

@@ -57,4 +57,6 @@ def test_sampler_applies_only_to_plain_sampling():
     gpu_or_interpreter = ds.handles(torch.device("cuda"), 0, 1.0, 100)
     assert not ds.handles(torch.device("cuda"), 20, 1.0, 100)
     assert not ds.handles(torch.device("cuda"), 0, 0.8, 100)
-    assert ds.handles(torch.device("cuda"), 100, 1.0, 100) == gpu_or_interpreter  # top-k over the whole vocab is no top-k
+    assert (
+        ds.handles(torch.device("cuda"), 100, 1.0, 100) == gpu_or_interpreter
+    )  # top-k over the whole vocab is no top-k

@@ -37,9 +37,7 @@ TRICKY_CASES = [
     pytest.param(r"\boxed{18} wait, actually \boxed{17}", 18, False, id="two-boxes-last-wrong"),
     pytest.param(r"\boxed{5}\boxed{18}", 18, True, id="adjacent-boxes"),
     pytest.param(r"\boxed{18} \boxed{}", 18, False, id="empty-last-box-counts"),
-    pytest.param(
-        r"\boxed{18} or maybe \boxed{nineteen}", 18, False, id="unparsable-last-box-counts"
-    ),
+    pytest.param(r"\boxed{18} or maybe \boxed{nineteen}", 18, False, id="unparsable-last-box-counts"),
     pytest.param(r"\boxed{\boxed{18}}", 18, True, id="box-in-box"),
     pytest.param(r"\boxed{}", 0, False, id="empty-box"),
     pytest.param(r"The answer is 18.", 18, False, id="no-box"),
@@ -397,9 +395,7 @@ def _timed_grade(message: str, gold: float | str) -> tuple[bool, float]:
         pytest.param("word " * 20_000 + r"\boxed{18}", 18, True, id="100kB-prose-then-box"),
         pytest.param(r"\boxed{18}" + " filler" * 15_000, 18, True, id="box-then-100kB"),
         pytest.param(r"\boxed{" * 10_000 + "18" + "}" * 10_000, 18, True, id="10k-nested-boxes"),
-        pytest.param(
-            r"\boxed{" + "{" * 10_000 + "18" + "}" * 10_001, 18, True, id="10k-nested-braces"
-        ),
+        pytest.param(r"\boxed{" + "{" * 10_000 + "18" + "}" * 10_001, 18, True, id="10k-nested-braces"),
         pytest.param(r"\boxed{" * 10_000 + "18", 18, False, id="10k-unclosed-boxes"),
         pytest.param("{" * 100_000, 18, False, id="100kB-open-braces"),
         pytest.param("}" * 100_000, 18, False, id="100kB-close-braces"),
@@ -592,9 +588,7 @@ UNIT_SUFFIXES = [
     r"N \cdot m",
 ]
 # "km / 3", not "/ 3 km": 0 / 3 is 0, so that tail would grade right against gold 0.
-ARITHMETIC_SUFFIXES = [
-    "+ 2", "- 3", "^2", "^{2}", r"\times 2", r"\cdot 2", "km / 3", "x^2", "km 30"
-]
+ARITHMETIC_SUFFIXES = ["+ 2", "- 3", "^2", "^{2}", r"\times 2", r"\cdot 2", "km / 3", "x^2", "km 30"]
 
 
 @settings(max_examples=100, deadline=None)

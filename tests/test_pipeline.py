@@ -22,8 +22,17 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ["Snakefile", "config.yaml", "offline.yaml", "rules", "workflow_scripts", "envs", "report", "bench",
-                  "talkmethods"]
+WORKFLOW_FILES = [
+    "Snakefile",
+    "config.yaml",
+    "offline.yaml",
+    "rules",
+    "workflow_scripts",
+    "envs",
+    "report",
+    "bench",
+    "talkmethods",
+]
 ARMS, SEEDS, KINDS = ["grpo", "ada", "raft", "mixed"], [17, 18, 19], ["eval", "crossplay", "crossplay_bA"]
 OFFLINE = yaml.safe_load((REPO / "offline.yaml").read_text())
 STEPS = OFFLINE["train"]["steps"]
@@ -35,12 +44,27 @@ BASE_BAND = (0.15, 0.50)
 CPU_THREADS = ["--set-threads", "train=1", "eval_run=1", "eval_base=1"]
 
 
-def snakemake(args: list[str], workdir: Path, snakefile: Path = REPO / "Snakefile", timeout: int = 600,
-              overlays: tuple[Path, ...] = ()):
+def snakemake(
+    args: list[str],
+    workdir: Path,
+    snakefile: Path = REPO / "Snakefile",
+    timeout: int = 600,
+    overlays: tuple[Path, ...] = (),
+):
     """Run snakemake on the offline default (plus ``overlays``) in ``workdir``; returns the CompletedProcess."""
     configs = [str(snakefile.parent / "offline.yaml"), *map(str, overlays)]
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir), *args,
-           "--configfile", *configs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(snakefile),
+        "--directory",
+        str(workdir),
+        *args,
+        "--configfile",
+        *configs,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir)
 
 
@@ -58,14 +82,32 @@ def test_dry_run_plans_every_stage(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     n = len(ARMS) * len(SEEDS)
     assert job_counts(res.stdout + res.stderr) == {
-        "split": 1, "selftest": 1, "warmstart": 1, "train": n, "eval_run": 3 * n, "eval_base": 1, "train_curve": n,
-        "aggregate": 1, "card": 1,
+        "split": 1,
+        "selftest": 1,
+        "warmstart": 1,
+        "train": n,
+        "eval_run": 3 * n,
+        "eval_base": 1,
+        "train_curve": n,
+        "aggregate": 1,
+        "card": 1,
     }
 
 
 def test_the_real_recipe_plans_no_warm_start(tmp_path):
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-           "-n", "results/card.png", "--configfile", str(REPO / "config.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "-n",
+        "results/card.png",
+        "--configfile",
+        str(REPO / "config.yaml"),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     counts = job_counts(res.stdout + res.stderr)
@@ -81,7 +123,13 @@ def test_one_run_target_builds_that_run_and_nothing_else(tmp_path):
 def test_arm_target_trains_and_evaluates_all_its_seeds(tmp_path):
     res = snakemake(["-n", "arm_raft"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert job_counts(res.stdout + res.stderr) == {"split": 1, "warmstart": 1, "train": 3, "eval_run": 9, "arm_raft": 1}
+    assert job_counts(res.stdout + res.stderr) == {
+        "split": 1,
+        "warmstart": 1,
+        "train": 3,
+        "eval_run": 9,
+        "arm_raft": 1,
+    }
 
 
 def test_arms_and_seeds_come_from_config(tmp_path):
@@ -113,13 +161,18 @@ def demo(tmp_path_factory):
     wf.mkdir()
     for name in WORKFLOW_FILES:
         src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, wf / name, **(
-            {"ignore": shutil.ignore_patterns("__pycache__")} if src.is_dir() else {}))
+        (shutil.copytree if src.is_dir() else shutil.copy2)(
+            src, wf / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if src.is_dir() else {})
+        )
     run = root / "run"
     run.mkdir()
     t0 = time.perf_counter()
-    res = snakemake(["-j2", "--cores", "2", "results/card.md", "results/card.png", *CPU_THREADS], run,
-                    wf / "Snakefile", timeout=3600)
+    res = snakemake(
+        ["-j2", "--cores", "2", "results/card.md", "results/card.png", *CPU_THREADS],
+        run,
+        wf / "Snakefile",
+        timeout=3600,
+    )
     wall = time.perf_counter() - t0
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     sys.stderr.write(f"\noffline default end to end: {wall:.0f} s\n")
@@ -161,7 +214,9 @@ def test_warm_start_lands_the_base_in_its_band(demo):
     assert partial >= 0.15 and base["no_box_rate"] < 0.2, base
     card = (results / "card.md").read_text()
     assert re.search(r"^\| base × base \| 0\.[1-9]", card, re.M), "the card shows a non-zero base accuracy"
-    turns = [len(t["text"]) for s in json.loads((results / "base/eval.json").read_text())["samples"] for t in s["turns"]]
+    turns = [
+        len(t["text"]) for s in json.loads((results / "base/eval.json").read_text())["samples"] for t in s["turns"]
+    ]
     assert max(turns) < 150, turns  # turns end on <|im_end|> well before the 64-token cap
 
 
@@ -170,7 +225,8 @@ def test_eval_jsons_validate_against_the_schema(demo):
     _, run = demo
     schema = json.loads((REPO / "talkmethods/schemas/eval.schema.json").read_text())
     paths = [run / "results/base/eval.json"] + [
-        run / f"results/{a}/seed{s}/{k}.json" for a in ARMS for s in SEEDS for k in KINDS]
+        run / f"results/{a}/seed{s}/{k}.json" for a in ARMS for s in SEEDS for k in KINDS
+    ]
     for p in paths:
         obj = json.loads(p.read_text())
         jsonschema.validate(obj, schema)
@@ -198,8 +254,15 @@ def test_rerun_plans_only_what_went_stale(demo):
     overlay.write_text("model:\n  warmstart:\n    steps: 650\n")
     res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile", overlays=(overlay,))
     counts = job_counts(res.stdout + res.stderr)
-    assert counts == {"warmstart": 1, "train": 12, "eval_run": 36, "eval_base": 1, "train_curve": 12,
-                      "aggregate": 1, "card": 1}, counts
+    assert counts == {
+        "warmstart": 1,
+        "train": 12,
+        "eval_run": 36,
+        "eval_base": 1,
+        "train_curve": 12,
+        "aggregate": 1,
+        "card": 1,
+    }, counts
 
 
 def _rule_scripts(wf: Path) -> dict[str, str]:
@@ -249,8 +312,11 @@ def test_editing_a_module_reruns_exactly_the_stages_that_import_it(demo):
         res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile")
         assert res.returncode == 0, res.stderr[-2000:]
         jobs = _planned(res.stdout)
-        direct = {rule for rule, reasons in jobs.items()
-                  if any(str(path) in r.split("Updated input files: ", 1)[-1] for r in reasons if "Updated input files" in r)}
+        direct = {
+            rule
+            for rule, reasons in jobs.items()
+            if any(str(path) in r.split("Updated input files: ", 1)[-1] for r in reasons if "Updated input files" in r)
+        }
         want = {rule for rule in stages if rule in closure and name in closure[rule]}
         assert direct == want, (name, direct, want)
         if want:

@@ -53,8 +53,22 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TQDM_DISABLE="
 
 
 def _train_cmd() -> list[str]:
-    return [sys.executable, "-c", DRIVER, "train", "--config", str(REPO / "config.yaml"), "--config", "small.yaml",
-            "--arm", ARM, "--seed", str(SEED), "--results", "results"]
+    return [
+        sys.executable,
+        "-c",
+        DRIVER,
+        "train",
+        "--config",
+        str(REPO / "config.yaml"),
+        "--config",
+        "small.yaml",
+        "--arm",
+        ARM,
+        "--seed",
+        str(SEED),
+        "--results",
+        "results",
+    ]
 
 
 def _log_steps(path: Path) -> list[int]:
@@ -233,7 +247,9 @@ def test_finished_run_killed_before_its_outputs_loses_nothing(reference, tmp_pat
     assert out["resumed_from_step"] == STEPS and out["steps"] == STEPS
     assert sorted(p.name for p in (root / WORK).glob("checkpoint-*")) == [f"checkpoint-{STEPS}"]
     assert _log_steps(root / RUN / "train_log.jsonl") == list(range(1, STEPS + 1))
-    assert _log_without_timings(root / RUN / "train_log.jsonl") == _log_without_timings(reference / RUN / "train_log.jsonl")
+    assert _log_without_timings(root / RUN / "train_log.jsonl") == _log_without_timings(
+        reference / RUN / "train_log.jsonl"
+    )
     _adapter_equal(old, reference / RUN / "adapter")
 
 
@@ -249,16 +265,53 @@ def _fake_checkpoint(work: Path, step: int, state: str | None = "ok") -> None:
 
 def test_resume_picks_the_last_complete_checkpoint_of_the_same_run(tmp_path):
     """Unit level: partial checkpoints are deleted; another config's or other problems' are never resumed."""
-    from talkmethods.models import ModelSpec
     from conftest import train_config
+
+    from talkmethods.models import ModelSpec
     from talkmethods.training.runs import RUN_KEY, last_checkpoint, run_key
 
-    cfg = train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
+    cfg = train_config(
+        arm=ARM,
+        seed=SEED,
+        model=ModelSpec("offline-tiny-qwen2"),
+        steps=8,
+        micro_batches=1,
+        pack_seats=False,
+        ada_draw_ahead=False,
+    )
     problems = [{"id": "p1", "gold": "3"}]
     key = run_key(cfg, problems)
-    assert run_key(train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8, micro_batches=1, pack_seats=False, ada_draw_ahead=False), problems) == key
-    assert run_key(train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
-                                learning_rate=2e-4, micro_batches=1, pack_seats=False, ada_draw_ahead=False), problems) != key
+    assert (
+        run_key(
+            train_config(
+                arm=ARM,
+                seed=SEED,
+                model=ModelSpec("offline-tiny-qwen2"),
+                steps=8,
+                micro_batches=1,
+                pack_seats=False,
+                ada_draw_ahead=False,
+            ),
+            problems,
+        )
+        == key
+    )
+    assert (
+        run_key(
+            train_config(
+                arm=ARM,
+                seed=SEED,
+                model=ModelSpec("offline-tiny-qwen2"),
+                steps=8,
+                learning_rate=2e-4,
+                micro_batches=1,
+                pack_seats=False,
+                ada_draw_ahead=False,
+            ),
+            problems,
+        )
+        != key
+    )
     assert run_key(cfg, [{"id": "p1", "gold": "4"}]) != key
 
     work = tmp_path / "work"
@@ -271,8 +324,19 @@ def test_resume_picks_the_last_complete_checkpoint_of_the_same_run(tmp_path):
     assert last_checkpoint(work, key) == work / "checkpoint-4"
     assert sorted(p.name for p in work.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
-    other = run_key(train_config(arm=ARM, seed=SEED, model=ModelSpec("offline-tiny-qwen2"), steps=8,
-                                 learning_rate=2e-4, micro_batches=1, pack_seats=False, ada_draw_ahead=False), problems)
+    other = run_key(
+        train_config(
+            arm=ARM,
+            seed=SEED,
+            model=ModelSpec("offline-tiny-qwen2"),
+            steps=8,
+            learning_rate=2e-4,
+            micro_batches=1,
+            pack_seats=False,
+            ada_draw_ahead=False,
+        ),
+        problems,
+    )
     assert last_checkpoint(work, other) is None
     assert not list(work.glob("checkpoint-*")) and not (work / "train_log.jsonl").exists()
     assert json.loads((work / RUN_KEY).read_text()) == other
@@ -315,33 +379,51 @@ def test_truncate_log_drops_later_steps_and_a_torn_line(tmp_path):
 
 
 def _snakemake(root: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(root),
-            "-j1", *extra, "--configfile", str(REPO / "offline.yaml"), str(root / "small.yaml")]  # --configfile takes 1+
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(root),
+        "-j1",
+        *extra,
+        "--configfile",
+        str(REPO / "offline.yaml"),
+        str(root / "small.yaml"),
+    ]  # --configfile takes 1+
 
 
 def test_killed_snakemake_run_recovers_with_unlock_and_rerun_incomplete(tmp_path):
     """SIGKILL snakemake and its training job mid-run; the documented recovery completes it from the checkpoint."""
     root = tmp_path / "wf"
     root.mkdir()
-    (root / "small.yaml").write_text(yaml.safe_dump({k: SMALL[k] for k in ("arms", "seeds", "train", "eval", "stats")}
-                                                    | {"data": {"n_train": 16, "n_heldout": 4},
-                                                       "model": {"warmstart": None}}))  # the random tiny model
+    (root / "small.yaml").write_text(
+        yaml.safe_dump(
+            {k: SMALL[k] for k in ("arms", "seeds", "train", "eval", "stats")}
+            | {"data": {"n_train": 16, "n_heldout": 4}, "model": {"warmstart": None}}
+        )
+    )  # the random tiny model
     target = f"{RUN}/train_log.jsonl"
     kill_step = random.Random().randint(2, STEPS - 1)
     with open(tmp_path / "killed.err", "w") as err:
-        proc = subprocess.Popen(_snakemake(root, target), cwd=root, env=ENV, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            _snakemake(root, target), cwd=root, env=ENV, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
     steps_at_kill, ckpts = _kill_when(proc, root / WORK, kill_step, group=True)
     where = f"killed at step {steps_at_kill[-1]} (asked {kill_step}), checkpoints {ckpts}"
     assert not (root / RUN / "train_log.jsonl").exists() and not (root / RUN / "adapter").exists(), where
 
     locked = subprocess.run(_snakemake(root, target), cwd=root, env=ENV, capture_output=True, text=True, timeout=300)
     assert locked.returncode != 0 and "--unlock" in locked.stderr, f"{where}\n{locked.stderr[-3000:]}"
-    unlock = subprocess.run(_snakemake(root, "--unlock"), cwd=root, env=ENV, capture_output=True, text=True,
-                            timeout=300)
+    unlock = subprocess.run(
+        _snakemake(root, "--unlock"), cwd=root, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert unlock.returncode == 0, unlock.stderr[-3000:]
-    rerun = subprocess.run(_snakemake(root, target, "--rerun-incomplete"), cwd=root, env=ENV, capture_output=True,
-                           text=True, timeout=600)
+    rerun = subprocess.run(
+        _snakemake(root, target, "--rerun-incomplete"), cwd=root, env=ENV, capture_output=True, text=True, timeout=600
+    )
     assert rerun.returncode == 0, f"{where}\n{rerun.stderr[-5000:]}"
     rule_log = (root / f"results/logs/train/{ARM}_seed{SEED}.log").read_text()
     assert f"resuming {ARM} seed {SEED} from {WORK}/checkpoint-{ckpts[-1]}" in rule_log, where
@@ -367,12 +449,24 @@ def _run_all_stages(root: Path) -> None:
     os.chdir(root)
     try:
         cfg = load_config([str(REPO / "config.yaml"), "small.yaml"])
-        split_stage(split_params(cfg), "results/data/train.jsonl", "results/data/heldout.jsonl",
-                    "results/data/split_stats.json")
-        train_stage(train_params(cfg, ARM, SEED), "results/data/train.jsonl", f"{RUN}/adapter",
-                    f"{RUN}/train_log.jsonl", WORK)
-        eval_stage(eval_params(cfg), "eval", "results/data/heldout.jsonl", f"{RUN}/adapter", f"{RUN}/eval.json",
-                   arm=ARM, seed=SEED)
+        split_stage(
+            split_params(cfg),
+            "results/data/train.jsonl",
+            "results/data/heldout.jsonl",
+            "results/data/split_stats.json",
+        )
+        train_stage(
+            train_params(cfg, ARM, SEED), "results/data/train.jsonl", f"{RUN}/adapter", f"{RUN}/train_log.jsonl", WORK
+        )
+        eval_stage(
+            eval_params(cfg),
+            "eval",
+            "results/data/heldout.jsonl",
+            f"{RUN}/adapter",
+            f"{RUN}/eval.json",
+            arm=ARM,
+            seed=SEED,
+        )
         eval_stage(eval_params(cfg), "base", "results/data/heldout.jsonl", None, "results/base/eval.json")
     finally:
         os.chdir(cwd)
@@ -389,8 +483,9 @@ def test_same_config_and_seed_give_the_same_bytes(tmp_path):
         assert (a / "results/data" / name).read_bytes() == (b / "results/data" / name).read_bytes(), name
     assert _log_steps(a / RUN / "train_log.jsonl") == [1, 2, 3, 4]
     assert _log_without_timings(a / RUN / "train_log.jsonl") == _log_without_timings(b / RUN / "train_log.jsonl")
-    assert (a / RUN / "adapter/adapter_model.safetensors").read_bytes() == \
-        (b / RUN / "adapter/adapter_model.safetensors").read_bytes()
+    assert (a / RUN / "adapter/adapter_model.safetensors").read_bytes() == (
+        b / RUN / "adapter/adapter_model.safetensors"
+    ).read_bytes()
     for path in (f"{RUN}/eval.json", "results/base/eval.json"):
         ja, jb = json.loads((a / path).read_text()), json.loads((b / path).read_text())
         assert isinstance(ja["provenance"].pop("wall_s"), float)
@@ -427,7 +522,9 @@ def test_atomic_path_file_and_directory_keep_the_old_version_on_error(tmp_path):
         tmp.mkdir()
         (tmp / "adapter_model.safetensors").write_text("half")
         raise Midway
-    assert _entries(d) == ["adapter_model.safetensors"] and (d / "adapter_model.safetensors").read_text() == "old weights"
+    assert (
+        _entries(d) == ["adapter_model.safetensors"] and (d / "adapter_model.safetensors").read_text() == "old weights"
+    )
     assert _entries(tmp_path) == ["adapter", "eval.json"]
 
     with atomic_path(d) as tmp:  # success replaces the whole directory
@@ -515,15 +612,32 @@ def test_card_and_curve_pngs_keep_the_old_file_when_drawing_fails(tmp_path, monk
 REVIEWED_DIRECT_WRITES = {
     ("talkmethods/problems.py", "write_jsonl", "tmp.open"): "its own temporary + fsync + os.replace",
     ("talkmethods/training/runs.py", "on_log", "open"): "appends whole lines to the live log in checkpoint_dir "
-                                                 "(not an output; a torn last line is dropped on resume)",
+    "(not an output; a torn last line is dropped on resume)",
     ("talkmethods/card.py", "plot_card", "fig.savefig"): "draws to the path write_card gives it: a temporary "
-                                                       "of atomic_path",
+    "of atomic_path",
     ("talkmethods/gpu.py", "claim_gpu", "os.open"): "GPU lock file (flock), not an output",
     ("workflow_scripts/_log.py", "to_rule_log", "logging.FileHandler"): "the rule's log: file (Snakemake log:, "
-                                                                        "not an output)",
+    "not an output)",
 }
-WRITE_CALLS = ("open", "write_text", "write_bytes", "savefig", "save_pretrained", "save", "dump", "copyfile", "copy",
-               "copy2", "copytree", "move", "rename", "replace", "FileHandler", "to_csv", "to_json")
+WRITE_CALLS = (
+    "open",
+    "write_text",
+    "write_bytes",
+    "savefig",
+    "save_pretrained",
+    "save",
+    "dump",
+    "copyfile",
+    "copy",
+    "copy2",
+    "copytree",
+    "move",
+    "rename",
+    "replace",
+    "FileHandler",
+    "to_csv",
+    "to_json",
+)
 
 
 def _is_write(node: ast.Call, name: str) -> bool:
@@ -533,10 +647,17 @@ def _is_write(node: ast.Call, name: str) -> bool:
     if tail == "open":
         if name == "os.open":
             return True
-        mode = node.args[1] if name == "open" and len(node.args) > 1 else node.args[0] if name != "open" and node.args \
+        mode = (
+            node.args[1]
+            if name == "open" and len(node.args) > 1
+            else node.args[0]
+            if name != "open" and node.args
             else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        )
         return isinstance(mode, ast.Constant) and any(c in str(mode.value) for c in "wax+")
-    if tail in ("replace", "dump", "copy", "save") and not name.startswith(("os.", "json.", "shutil.", "torch.", "yaml.")):
+    if tail in ("replace", "dump", "copy", "save") and not name.startswith(
+        ("os.", "json.", "shutil.", "torch.", "yaml.")
+    ):
         return False  # str.replace, dict.copy, ...: not file writes
     if tail == "replace" and name == "os.replace":
         return False  # the rename that makes a write atomic
@@ -553,8 +674,9 @@ def _direct_writes(path: Path) -> set[tuple[str, str, str]]:
         if isinstance(node, (_ast.FunctionDef, _ast.AsyncFunctionDef)):
             func = node.name
         if isinstance(node, _ast.With) and any(
-                isinstance(item.context_expr, _ast.Call) and dotted_name(item.context_expr.func).endswith("atomic_path")
-                for item in node.items):
+            isinstance(item.context_expr, _ast.Call) and dotted_name(item.context_expr.func).endswith("atomic_path")
+            for item in node.items
+        ):
             atomic = True
         if isinstance(node, _ast.Call) and not atomic:
             name = dotted_name(node.func)
@@ -578,18 +700,34 @@ def test_no_output_bypasses_the_atomic_helpers():
 
 # GPU out of memory ------------------------------------------------------------------------------------
 
-OOM_KEYS = ("train.problems_per_step", "train.max_new_tokens", "eval.max_new_tokens", "eval.batch_chats",
-            "train.gradient_checkpointing")
+OOM_KEYS = (
+    "train.problems_per_step",
+    "train.max_new_tokens",
+    "eval.max_new_tokens",
+    "eval.batch_chats",
+    "train.gradient_checkpointing",
+)
 
 
-@pytest.mark.parametrize("error, cause", [
-    (lambda torch: torch.cuda.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 18.00 GiB. GPU 0 has a total capacity of 139.72 GiB\nof which ..."),
-     "CUDA out of memory. Tried to allocate 18.00 GiB. GPU 0 has a total capacity of 139.72 GiB"),
-    (lambda torch: torch.cuda.OutOfMemoryError(), "OutOfMemoryError"),
-    (lambda torch: RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
-     "CUDA error: out of memory"),
-], ids=["oom", "oom-no-message", "cublas-runtime-error"])
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        (
+            lambda torch: torch.cuda.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 18.00 GiB. GPU 0 has a total capacity of 139.72 GiB\nof which ..."
+            ),
+            "CUDA out of memory. Tried to allocate 18.00 GiB. GPU 0 has a total capacity of 139.72 GiB",
+        ),
+        (lambda torch: torch.cuda.OutOfMemoryError(), "OutOfMemoryError"),
+        (
+            lambda torch: RuntimeError(
+                "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"
+            ),
+            "CUDA error: out of memory",
+        ),
+    ],
+    ids=["oom", "oom-no-message", "cublas-runtime-error"],
+)
 def test_gpu_out_of_memory_is_exit_3_naming_the_knobs(error, cause, capsys, tmp_path):
     import logging
 
@@ -627,14 +765,22 @@ def test_cli_train_out_of_memory_exits_3_without_traceback(tmp_path):
     (tmp_path / "results/data").mkdir(parents=True)
     (tmp_path / "results/data/train.jsonl").write_text("{}\n")
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    driver = ("import sys, torch, talkmethods.training.build as S\n"
-              "def oom(*a, **k):\n"
-              "    raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')\n"
-              "S.train_stage = oom\n"
-              "from talkmethods.cli import main\n"
-              "sys.exit(main(sys.argv[1:]))\n")
-    res = subprocess.run([sys.executable, "-c", driver, *_train_cmd()[3:]], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    driver = (
+        "import sys, torch, talkmethods.training.build as S\n"
+        "def oom(*a, **k):\n"
+        "    raise torch.cuda.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')\n"
+        "S.train_stage = oom\n"
+        "from talkmethods.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", driver, *_train_cmd()[3:]],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]

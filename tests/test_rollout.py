@@ -113,9 +113,7 @@ def expected_prompt_ids(tokenizer, problem, turn_index, history_texts):
     for i, text in enumerate(history_texts):
         spoken_by_self = (i % 2) == (turn_index % 2)
         messages.append({"role": "assistant" if spoken_by_self else "user", "content": text})
-    return list(
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    )
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
 # ------------------------------------------------------------------------ structure of the chats
@@ -155,21 +153,32 @@ def test_each_prompt_is_exactly_the_seats_own_view(sampled, qwen_tokenizer):
                 assert turn.prompt_ids == rendered
                 continue
             own = chat.turns[k - 2]
-            sampled_ids = own.completion_ids[:-1] if own.completion_ids[-1:] in ([IM_END], [ENDOFTEXT]) else own.completion_ids
+            sampled_ids = (
+                own.completion_ids[:-1] if own.completion_ids[-1:] in ([IM_END], [ENDOFTEXT]) else own.completion_ids
+            )
             head = own.prompt_ids + sampled_ids + [IM_END] + newline
             assert turn.prompt_ids[: len(head)] == head
             # the partner's reply and the generation prompt, exactly as the template renders them
             partner = qwen_tokenizer.encode(f"<|im_start|>user\n{history[k - 1]}<|im_end|>\n<|im_start|>assistant\n")
-            assert turn.prompt_ids[len(head):] == partner == rendered[len(rendered) - len(partner):]
+            assert turn.prompt_ids[len(head) :] == partner == rendered[len(rendered) - len(partner) :]
 
 
 def test_with_canonical_tokens_every_prompt_is_the_templates_rendering(qwen_tokenizer):
     """When the sampled tokens are the tokenizer's own split of the text, token-for-token prompts change nothing."""
     problem = tiny_problems(1)[0]
-    script = [lambda i: f"Zorblax has 17 pebbles, says row {i}.", lambda i: "Quimby has 29.\n\nOk  then",
-              lambda i: "So \\boxed{46}.", lambda i: "b2: 3.5 $ ✓"]
-    chats, _ = play_chats(ScriptedGenerator(qwen_tokenizer, script), qwen_tokenizer, [problem] * 3,
-                          [(True, True)] * 3, Sampling(max_new_tokens=32))
+    script = [
+        lambda i: f"Zorblax has 17 pebbles, says row {i}.",
+        lambda i: "Quimby has 29.\n\nOk  then",
+        lambda i: "So \\boxed{46}.",
+        lambda i: "b2: 3.5 $ ✓",
+    ]
+    chats, _ = play_chats(
+        ScriptedGenerator(qwen_tokenizer, script),
+        qwen_tokenizer,
+        [problem] * 3,
+        [(True, True)] * 3,
+        Sampling(max_new_tokens=32),
+    )
     for chat in chats:
         history = [t.text for t in chat.turns]
         for k, turn in enumerate(chat.turns):
@@ -187,8 +196,13 @@ def test_a_seat_continues_its_own_non_canonical_tokens(qwen_tokenizer):
             out = super().generate(prompts, adapter_on, sampling)
             return [odd + [IM_END] for _ in out] if self.turn == 1 else out
 
-    chats, _ = play_chats(Odd(qwen_tokenizer, [lambda i: "x"] * 4), qwen_tokenizer, [problem],
-                          [(True, True)], Sampling(max_new_tokens=32))
+    chats, _ = play_chats(
+        Odd(qwen_tokenizer, [lambda i: "x"] * 4),
+        qwen_tokenizer,
+        [problem],
+        [(True, True)],
+        Sampling(max_new_tokens=32),
+    )
     a1, a2 = chats[0].turns[0], chats[0].turns[2]
     assert a1.text == "hello"
     assert a2.prompt_ids[: len(a1.prompt_ids) + len(odd) + 1] == a1.prompt_ids + odd + [IM_END]
@@ -207,7 +221,7 @@ def test_a_seat_never_sees_the_partners_private_facts(sampled, qwen_tokenizer):
             for fact in partner:
                 assert fact not in shown
             # Nor any piece of them (the names are in the shared question, the phrases are not).
-            for phrase in (["Quimby has", "rivers"] if turn.seat == "A" else ["Zorblax has", "jars"]):
+            for phrase in ["Quimby has", "rivers"] if turn.seat == "A" else ["Zorblax has", "jars"]:
                 assert phrase not in shown
 
 
@@ -268,8 +282,13 @@ def test_completions_stop_at_the_first_eos_when_the_model_emits_it(base_model, q
     try:
         flat, _ = chat_inputs(4, 4)
         torch.manual_seed(3)
-        chats, _ = play_chats(PlainGenerator(base_model, qwen_tokenizer), qwen_tokenizer, flat,
-                              [(False, False)] * len(flat), Sampling(max_new_tokens=MAX_NEW))
+        chats, _ = play_chats(
+            PlainGenerator(base_model, qwen_tokenizer),
+            qwen_tokenizer,
+            flat,
+            [(False, False)] * len(flat),
+            Sampling(max_new_tokens=MAX_NEW),
+        )
     finally:
         hook.remove()
     ended, full = check_eos_trimming(chats, MAX_NEW)
@@ -299,8 +318,8 @@ def left_pad(prompts, pad_id):
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -324,8 +343,9 @@ def test_base_rows_of_a_mixed_batch_are_the_base_model_logits(sampled, peft_mode
 
 def greedy_chats(model, tokenizer, flat, seats):
     torch.manual_seed(0)
-    chats, _ = play_chats(PlainGenerator(model, tokenizer), tokenizer, flat, seats,
-                          Sampling(max_new_tokens=4, top_k=1))
+    chats, _ = play_chats(
+        PlainGenerator(model, tokenizer), tokenizer, flat, seats, Sampling(max_new_tokens=4, top_k=1)
+    )
     return chats
 
 
@@ -404,8 +424,13 @@ def test_only_the_final_messages_are_graded_and_the_team_reward(qwen_tokenizer):
         lambda i: "So \\boxed{46}." if i in (0, 1) else "\\boxed{45}",  # A2
         lambda i: "\\boxed{46}" if i in (0, 2) else "no idea",  # B2
     ]
-    chats, _ = play_chats(ScriptedGenerator(qwen_tokenizer, script), qwen_tokenizer, [problem] * 4,
-                          [(True, True)] * 4, Sampling(max_new_tokens=32))
+    chats, _ = play_chats(
+        ScriptedGenerator(qwen_tokenizer, script),
+        qwen_tokenizer,
+        [problem] * 4,
+        [(True, True)] * 4,
+        Sampling(max_new_tokens=32),
+    )
     assert [(c.a_right, c.b_right) for c in chats] == [(True, True), (True, False), (False, True), (False, False)]
     assert [c.reward for c in chats] == [1.0, 0.5, 0.5, 0.0]  # row 3's early boxes do not count
     # The partner's words reach the prompt; A's private facts only through what A said.
@@ -422,8 +447,14 @@ def test_custom_judge_sees_the_final_turns(qwen_tokenizer):
         return turn.seat == "A"
 
     script = [lambda i: "a1", lambda i: "b1", lambda i: "a2", lambda i: "b2"]
-    chats, _ = play_chats(ScriptedGenerator(qwen_tokenizer, script), qwen_tokenizer, [problem],
-                          [(True, True)], Sampling(max_new_tokens=8), judge)
+    chats, _ = play_chats(
+        ScriptedGenerator(qwen_tokenizer, script),
+        qwen_tokenizer,
+        [problem],
+        [(True, True)],
+        Sampling(max_new_tokens=8),
+        judge,
+    )
     assert seen == [("A", "a2", "p0"), ("B", "b2", "p0")]
     assert chats[0].reward == 0.5
 
@@ -436,8 +467,10 @@ def test_one_batched_tokenizer_call_gives_each_seats_own_prompt(sampled, qwen_to
     chats, _, _, _, _ = sampled
     stops = {IM_END, ENDOFTEXT}
     for k in range(4):
-        seats = [(seat_messages(c.problem, k, [t.text for t in c.turns[:k]]), c.turns[k - 2] if k >= 2 else None)
-                 for c in chats]
+        seats = [
+            (seat_messages(c.problem, k, [t.text for t in c.turns[:k]]), c.turns[k - 2] if k >= 2 else None)
+            for c in chats
+        ]
         batched = seat_prompts(qwen_tokenizer, seats, stops)
         assert batched == [seat_prompt(qwen_tokenizer, m, own, stops) for m, own in seats]
         assert batched == [c.turns[k].prompt_ids for c in chats]

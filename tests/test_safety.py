@@ -18,8 +18,9 @@ import torch
 from conftest import dotted_name
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = sorted([*(REPO / "talkmethods").rglob("*.py"), *(REPO / "workflow_scripts").glob("*.py"),
-                  *(REPO / "bench").glob("*.py")])
+SOURCES = sorted(
+    [*(REPO / "talkmethods").rglob("*.py"), *(REPO / "workflow_scripts").glob("*.py"), *(REPO / "bench").glob("*.py")]
+)
 SPEC_NAME = "offline-tiny-qwen2"
 
 
@@ -62,8 +63,10 @@ def test_nothing_evaluates_strings():
                 found.append(f"{_rel(path)}:{node.lineno} {name}()")
             if name in ("yaml.load", "yaml.load_all", "yaml.unsafe_load", "yaml.full_load"):
                 found.append(f"{_rel(path)}:{node.lineno} {name}() (use yaml.safe_load)")
-            if any(k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
-                   for k in node.keywords):
+            if any(
+                k.arg == "shell" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                for k in node.keywords
+            ):
                 found.append(f"{_rel(path)}:{node.lineno} {name}(shell=...)")
     assert not found, found
 
@@ -72,10 +75,19 @@ def test_imports_no_symbolic_evaluator():
     found = []
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            found += [f"{_rel(path)}: {m}" for m in mods if m.split(".")[0] in {"sympy", "math_verify", "latex2sympy2",
-                                                                                   "latex2sympy2_extended", "pickle", "dill"}]
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [
+                f"{_rel(path)}: {m}"
+                for m in mods
+                if m.split(".")[0]
+                in {"sympy", "math_verify", "latex2sympy2", "latex2sympy2_extended", "pickle", "dill"}
+            ]
     assert not found, found
 
 
@@ -92,7 +104,13 @@ def test_trust_remote_code_is_never_true():
     assert keywords, "load_model/load_tokenizer should pass trust_remote_code=False explicitly"
     bad = [w for w, v in keywords if not (isinstance(v, ast.Constant) and v.value is False)]
     assert not bad, bad
-    texts = [*SOURCES, REPO / "config.yaml", REPO / "offline.yaml", *(REPO / "rules").glob("*.smk"), REPO / "Snakefile"]
+    texts = [
+        *SOURCES,
+        REPO / "config.yaml",
+        REPO / "offline.yaml",
+        *(REPO / "rules").glob("*.smk"),
+        REPO / "Snakefile",
+    ]
     pattern = re.compile(r"trust_remote_code\s*[:=]\s*(True|true|1|yes)", re.I)
     assert not [str(p) for p in texts if pattern.search(p.read_text())]
     assert "trust_remote_code" not in (REPO / "talkmethods/schemas/config.schema.yaml").read_text()
@@ -124,6 +142,7 @@ def test_loaders_pass_trust_remote_code_false(monkeypatch, tmp_path):
         def from_pretrained(name, *args, **kwargs):
             seen.append((kind, name, kwargs))
             return Tok() if kind == "tokenizer" else torch.nn.Linear(1, 1)
+
         return from_pretrained
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record("tokenizer"))
@@ -131,8 +150,12 @@ def test_loaders_pass_trust_remote_code_false(monkeypatch, tmp_path):
     for name in ("Qwen/Qwen2.5-1.5B-Instruct", str(tmp_path)):
         load_tokenizer(ModelSpec(name))
         load_model(ModelSpec(name), torch.float32, "cpu")
-    assert [(k, n) for k, n, _ in seen] == [("tokenizer", "Qwen/Qwen2.5-1.5B-Instruct"), ("model", "Qwen/Qwen2.5-1.5B-Instruct"),
-                                            ("tokenizer", str(tmp_path)), ("model", str(tmp_path))]
+    assert [(k, n) for k, n, _ in seen] == [
+        ("tokenizer", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("model", "Qwen/Qwen2.5-1.5B-Instruct"),
+        ("tokenizer", str(tmp_path)),
+        ("model", str(tmp_path)),
+    ]
     assert all(kw.get("trust_remote_code") is False for _, _, kw in seen), seen
 
 
@@ -145,8 +168,13 @@ def test_transformers_resume_path_loads_with_weights_only():
     from transformers import Trainer
 
     assert transformers.__version__ == "5.23.0"
-    names = ["_load_rng_state", "_load_optimizer_and_scheduler", "_load_scaler", "_load_from_checkpoint",
-             "_load_best_model"]
+    names = [
+        "_load_rng_state",
+        "_load_optimizer_and_scheduler",
+        "_load_scaler",
+        "_load_from_checkpoint",
+        "_load_best_model",
+    ]
     checked = 0
     for name in names:
         fn = getattr(Trainer, name, None)
@@ -156,8 +184,9 @@ def test_transformers_resume_path_loads_with_weights_only():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and dotted_name(node.func) == "torch.load":
                 kw = {k.arg: k.value for k in node.keywords}
-                assert isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True, \
+                assert isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True, (
                     f"Trainer.{name}: torch.load without weights_only=True (line {node.lineno})"
+                )
                 checked += 1
     assert checked >= 4, checked  # rng state, optimizer, scheduler, scaler at least
 
@@ -174,10 +203,24 @@ def tiny_checkpoint(tmp_path_factory):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("ckpt")
-    cfg = train_config(arm="grpo", seed=3, model=ModelSpec(SPEC_NAME), steps=1, problems_per_step=2, save_every=1,
-                      sampling=Sampling(max_new_tokens=2), micro_batches=1, pack_seats=False, ada_draw_ahead=False)
-    trainer = build_trainer(cfg, tiny_problems(4), work,
-                            judge=lambda turn, problem: bool(turn.completion_ids) and turn.completion_ids[0] % 2 == 0)
+    cfg = train_config(
+        arm="grpo",
+        seed=3,
+        model=ModelSpec(SPEC_NAME),
+        steps=1,
+        problems_per_step=2,
+        save_every=1,
+        sampling=Sampling(max_new_tokens=2),
+        micro_batches=1,
+        pack_seats=False,
+        ada_draw_ahead=False,
+    )
+    trainer = build_trainer(
+        cfg,
+        tiny_problems(4),
+        work,
+        judge=lambda turn, problem: bool(turn.completion_ids) and turn.completion_ids[0] % 2 == 0,
+    )
     trainer.train()
     yield trainer, work / "checkpoint-1"
     torch.set_num_threads(before)
@@ -245,8 +288,7 @@ def test_eval_adapter_load_is_safetensors_only(tiny_checkpoint, monkeypatch, tmp
         return real_load_file(path, *args, **kwargs)
 
     monkeypatch.setattr(peft_io, "safe_load_file", spy)
-    model = PeftModel.from_pretrained(load_model(ModelSpec(SPEC_NAME), torch.float32, "cpu"), str(adapter),
-                                      is_trainable=False)
+    PeftModel.from_pretrained(load_model(ModelSpec(SPEC_NAME), torch.float32, "cpu"), str(adapter), is_trainable=False)
     assert rec.calls == [] and opened == [str(adapter / "adapter_model.safetensors")]
     # PEFT's fallback for a .bin adapter also refuses pickled code: weights_only defaults to True there.
     assert "weights_only=True" in Path(peft_io.__file__).read_text().split("def torch_load", 1)[1][:200]
@@ -260,9 +302,17 @@ def test_training_args_pickle_is_never_loaded_on_resume():
 
     from talkmethods import training
 
-    src = "".join(inspect.getsource(getattr(Trainer, n)) for n in
-                  ("_load_rng_state", "_load_optimizer_and_scheduler", "_load_from_checkpoint", "train",
-                   "_inner_training_loop", "_init_training_state"))
+    src = "".join(
+        inspect.getsource(getattr(Trainer, n))
+        for n in (
+            "_load_rng_state",
+            "_load_optimizer_and_scheduler",
+            "_load_from_checkpoint",
+            "train",
+            "_inner_training_loop",
+            "_init_training_state",
+        )
+    )
     assert "TRAINING_ARGS_NAME" not in src and "training_args.bin" not in src
     ours = list(Path(training.__file__).parent.glob("*.py"))
     assert len(ours) >= 5 and not any("training_args.bin" in p.read_text() for p in ours)

@@ -92,9 +92,7 @@ def test_split_sentences_strips_and_drops_empty():
 
 def test_money_decimal_is_not_a_boundary():
     split = split_facts("Ava pays $2.50 for a pen. Ben pays $1.25 for a cup. How much do they pay?")
-    assert split == FactSplit(
-        ("Ava pays $2.50 for a pen.",), ("Ben pays $1.25 for a cup.",), "How much do they pay?"
-    )
+    assert split == FactSplit(("Ava pays $2.50 for a pen.",), ("Ben pays $1.25 for a cup.",), "How much do they pay?")
 
 
 def test_title_abbreviations_are_not_boundaries():
@@ -292,8 +290,7 @@ def _raw(text: str) -> list[str]:
     ("text", "expected"),
     [
         (  # GSM8K train 252
-            "Angie bought 3 lbs. of coffee today. Each lb. of coffee brews 40 cups. "
-            "How many days will it last?",
+            "Angie bought 3 lbs. of coffee today. Each lb. of coffee brews 40 cups. How many days will it last?",
             [
                 "Angie bought 3 lbs. of coffee today.",
                 "Each lb. of coffee brews 40 cups.",
@@ -301,8 +298,7 @@ def _raw(text: str) -> list[str]:
             ],
         ),
         (  # GSM8K train 1833
-            "The wall area is 600 sq. ft. A gallon of paint covers 400 sq. ft. "
-            "How many gallons does Linda need?",
+            "The wall area is 600 sq. ft. A gallon of paint covers 400 sq. ft. How many gallons does Linda need?",
             [
                 "The wall area is 600 sq. ft.",
                 "A gallon of paint covers 400 sq. ft.",
@@ -310,8 +306,7 @@ def _raw(text: str) -> list[str]:
             ],
         ),
         (  # GSM8K train 691
-            "A plane leaves London at 6:00 a.m. ET on Monday. It lands 18 hours later. "
-            "When does it land?",
+            "A plane leaves London at 6:00 a.m. ET on Monday. It lands 18 hours later. When does it land?",
             [
                 "A plane leaves London at 6:00 a.m. ET on Monday.",
                 "It lands 18 hours later.",
@@ -327,7 +322,7 @@ def _raw(text: str) -> list[str]:
             ],
         ),
         (  # GSM8K train 408: a closing quote cannot open a sentence
-            'Two children weigh 64 pounds each. An adult weighs 140 pounds. If the sign reads '
+            "Two children weigh 64 pounds each. An adult weighs 140 pounds. If the sign reads "
             '\u201cMaximum weight 600 pounds.", what can the next one weigh?',
             [
                 "Two children weigh 64 pounds each.",
@@ -554,9 +549,7 @@ def test_generated_worlds_split_as_before(world):
 
 # ---- all 8,792 real GSM8K problems ------------------------------------------------------------
 
-_NEVER_FINAL_END = re.compile(
-    r"(?:^|\s)(?:" + "|".join(re.escape(a) for a in NEVER_FINAL) + r")\.$", re.IGNORECASE
-)
+_NEVER_FINAL_END = re.compile(r"(?:^|\s)(?:" + "|".join(re.escape(a) for a in NEVER_FINAL) + r")\.$", re.IGNORECASE)
 
 
 @pytest.fixture(scope="module")

@@ -132,9 +132,7 @@ def test_bootstrap_is_deterministic_for_a_seed():
     assert stats.bootstrap_ci(values, seed=5) == stats.bootstrap_ci(values, seed=5)
     assert stats.bootstrap_ci(values, seed=5) != stats.bootstrap_ci(values, seed=6)
     # An explicit Generator draws the same stream as the int that seeds it.
-    assert stats.bootstrap_ci(values, seed=np.random.default_rng(5)) == stats.bootstrap_ci(
-        values, seed=5
-    )
+    assert stats.bootstrap_ci(values, seed=np.random.default_rng(5)) == stats.bootstrap_ci(values, seed=5)
 
 
 def test_bootstrap_interval_shrinks_with_sample_size():
@@ -339,10 +337,7 @@ def test_paired_type_one_error_is_near_alpha():
     rng = np.random.default_rng(77)
     trials = 300
     rejections = sum(
-        stats.paired_bootstrap_test(rng.normal(size=60), np.zeros(60), n_boot=500, seed=t)[
-            "p_value"
-        ]
-        <= 0.05
+        stats.paired_bootstrap_test(rng.normal(size=60), np.zeros(60), n_boot=500, seed=t)["p_value"] <= 0.05
         for t in range(trials)
     )
     assert 0.01 <= rejections / trials <= 0.11

@@ -62,10 +62,21 @@ class Recorder:
         trainer.credit_rule = credit_rule
 
 
-def train_one_step(arm, tmp_path: Path, judge=parity_judge, max_new_tokens=4, micro_batches=1, problems=8,
-                   ada_draw_ahead=False):
-    cfg = train_config(arm=arm, seed=17, model=SPEC, steps=1, problems_per_step=problems, micro_batches=micro_batches,
-                      sampling=Sampling(max_new_tokens=max_new_tokens), save_every=1000, ada_draw_ahead=ada_draw_ahead, pack_seats=False)
+def train_one_step(
+    arm, tmp_path: Path, judge=parity_judge, max_new_tokens=4, micro_batches=1, problems=8, ada_draw_ahead=False
+):
+    cfg = train_config(
+        arm=arm,
+        seed=17,
+        model=SPEC,
+        steps=1,
+        problems_per_step=problems,
+        micro_batches=micro_batches,
+        sampling=Sampling(max_new_tokens=max_new_tokens),
+        save_every=1000,
+        ada_draw_ahead=ada_draw_ahead,
+        pack_seats=False,
+    )
     log_path = tmp_path / "steps.jsonl"
     trainer = build_trainer(cfg, tiny_problems(problems), tmp_path, judge=judge, callbacks=[StepLog(log_path)])
     rec = Recorder(trainer)
@@ -115,7 +126,7 @@ def test_one_step_reaches_the_loss_with_128_rows(arm, tmp_path):
     # 8 problems x 4 chats kept x 4 trained turns.
     check_batch_reaches_the_loss(trainer, rec, rows=128)
     assert len(rec.credits) == 8
-    for rewards, b_base, c in rec.credits:
+    for _rewards, b_base, c in rec.credits:
         assert not any(b_base), "only the mixed arms run a base B"
         assert len(c.kept) == 4
     assert logs[-1]["rows"] == 128.0
@@ -127,7 +138,7 @@ def test_mixed_step_trains_only_adapter_turns(tmp_path):
     # (The issue text said 120; with 2 of every 4 chats having a base B, 96 is what the design gives.)
     check_batch_reaches_the_loss(trainer, rec, rows=96)
     assert len(rec.credits) == 8
-    for rewards, b_base, c in rec.credits:
+    for _rewards, b_base, c in rec.credits:
         assert b_base == [F, F, T, T]
         assert c.trained_turns == ((T, T, T, T), (T, T, T, T), (T, F, T, F), (T, F, T, F))
     assert logs[-1]["rows"] == 96.0
@@ -179,8 +190,19 @@ def test_length_grouping_does_not_change_the_update(tmp_path):
 
     updates = []
     for group in (True, False):
-        cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
-                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0, pack_seats=False, ada_draw_ahead=False)
+        cfg = train_config(
+            arm="grpo",
+            seed=17,
+            model=SPEC,
+            steps=1,
+            problems_per_step=8,
+            micro_batches=4,
+            sampling=Sampling(max_new_tokens=4),
+            save_every=1000,
+            learning_rate=1.0,
+            pack_seats=False,
+            ada_draw_ahead=False,
+        )
         trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(group), judge=parity_judge)
         trainer.group_rows = group
         trainer.args.optim = OptimizerNames.SGD  # update = lr x gradient (Adam's first step is sign-like)
@@ -198,20 +220,41 @@ def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypa
 
     real = build_mod.GRPOConfig
     monkeypatch.setattr(build_mod, "GRPOConfig", lambda **kw: real(**{**kw, "steps_per_generation": 2}))
-    cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8,
-                      sampling=Sampling(max_new_tokens=4), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
+    cfg = train_config(
+        arm="grpo",
+        seed=17,
+        model=SPEC,
+        steps=1,
+        problems_per_step=8,
+        sampling=Sampling(max_new_tokens=4),
+        save_every=1000,
+        micro_batches=1,
+        pack_seats=False,
+        ada_draw_ahead=False,
+    )
     with pytest.raises(ValueError, match="steps_per_generation"):
         build_trainer(cfg, tiny_problems(8), tmp_path, judge=parity_judge)
 
 
 def test_micro_batches_must_divide_the_rows(tmp_path):
-    cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=3, pack_seats=False, ada_draw_ahead=False)
+    cfg = train_config(
+        arm="grpo",
+        seed=17,
+        model=SPEC,
+        steps=1,
+        problems_per_step=8,
+        micro_batches=3,
+        pack_seats=False,
+        ada_draw_ahead=False,
+    )
     with pytest.raises(ValueError, match="micro_batches"):
         build_trainer(cfg, tiny_problems(8), tmp_path)
 
 
 def test_unknown_arm_is_refused(tmp_path):
-    cfg = train_config(arm="ppo", seed=17, model=SPEC, steps=1, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
+    cfg = train_config(
+        arm="ppo", seed=17, model=SPEC, steps=1, micro_batches=1, pack_seats=False, ada_draw_ahead=False
+    )
     with pytest.raises(ValueError, match="arm='ppo'"):
         build_trainer(cfg, tiny_problems(8), tmp_path)
 
@@ -222,8 +265,19 @@ def test_packing_seats_does_not_change_the_update(tmp_path):
 
     updates, loss_rows = [], []
     for pack in (True, False):
-        cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=1, problems_per_step=8, micro_batches=4,
-                          sampling=Sampling(max_new_tokens=4), save_every=1000, learning_rate=1.0, pack_seats=pack, ada_draw_ahead=False)
+        cfg = train_config(
+            arm="grpo",
+            seed=17,
+            model=SPEC,
+            steps=1,
+            problems_per_step=8,
+            micro_batches=4,
+            sampling=Sampling(max_new_tokens=4),
+            save_every=1000,
+            learning_rate=1.0,
+            pack_seats=pack,
+            ada_draw_ahead=False,
+        )
         trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(pack), judge=parity_judge)
         trainer.args.optim = OptimizerNames.SGD
         before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
@@ -249,8 +303,24 @@ def test_packing_seats_does_not_change_the_update(tmp_path):
 # The base hit rate is ~0.34 per seat; LoRA can raise it only by turning the hidden state towards w,
 # i.e. by learning to prefer S. The learning rate is the recipe's 1e-4.
 
-WORDS = [" red", " blue", " green", " cat", " dog", " sun", " moon", " tree",
-         " fish", " bird", " rock", " milk", " rain", " snow", " wind", " fire"]
+WORDS = [
+    " red",
+    " blue",
+    " green",
+    " cat",
+    " dog",
+    " sun",
+    " moon",
+    " tree",
+    " fish",
+    " bird",
+    " rock",
+    " milk",
+    " rain",
+    " snow",
+    " wind",
+    " fire",
+]
 N_IN_S = 5
 LEARN_STEPS = 12
 MARGIN = 0.15
@@ -267,8 +337,12 @@ def shape_first_token_distribution(trainer, problems) -> set[int]:
         with torch.no_grad():
             for p in problems[:2]:
                 for turn in range(4):
-                    ids = tok.apply_chat_template(seat_messages(p, turn, ["Hello there."] * turn),
-                                                  add_generation_prompt=True, tokenize=True, return_dict=False)
+                    ids = tok.apply_chat_template(
+                        seat_messages(p, turn, ["Hello there."] * turn),
+                        add_generation_prompt=True,
+                        tokenize=True,
+                        return_dict=False,
+                    )
                     assert not set(ids) & set(vocab)
                     model(input_ids=torch.tensor([ids]))
     finally:
@@ -293,12 +367,24 @@ def lora_and_base_params(model):
 
 def run_learning(arm, tmp_path, advantage_scale=1.0):
     problems = tiny_problems(8)
-    cfg = train_config(arm=arm, seed=17, model=SPEC, steps=LEARN_STEPS, problems_per_step=4, learning_rate=1e-4,
-                      sampling=Sampling(max_new_tokens=2), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
+    cfg = train_config(
+        arm=arm,
+        seed=17,
+        model=SPEC,
+        steps=LEARN_STEPS,
+        problems_per_step=4,
+        learning_rate=1e-4,
+        sampling=Sampling(max_new_tokens=2),
+        save_every=1000,
+        micro_batches=1,
+        pack_seats=False,
+        ada_draw_ahead=False,
+    )
     log_path = tmp_path / "steps.jsonl"
     target: set[int] = set()
-    trainer = build_trainer(cfg, problems, tmp_path, judge=lambda turn, _: turn.completion_ids[0] in target,
-                            callbacks=[StepLog(log_path)])
+    trainer = build_trainer(
+        cfg, problems, tmp_path, judge=lambda turn, _: turn.completion_ids[0] in target, callbacks=[StepLog(log_path)]
+    )
     target |= shape_first_token_distribution(trainer, problems)
     if advantage_scale != 1.0:  # controls: flip or zero every advantage the arm's rule gives
         rule = trainer.credit_rule
@@ -314,8 +400,10 @@ def run_learning(arm, tmp_path, advantage_scale=1.0):
     rewards = [json.loads(line)["reward"] for line in log_path.read_text().splitlines()]
     assert len(rewards) == LEARN_STEPS
     gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
-    print(f"\n[learning] arm={arm} advantage_scale={advantage_scale:+g} gain={gain:+.3f} "
-          f"rewards={' '.join(f'{r:.2f}' for r in rewards)}")
+    print(
+        f"\n[learning] arm={arm} advantage_scale={advantage_scale:+g} gain={gain:+.3f} "
+        f"rewards={' '.join(f'{r:.2f}' for r in rewards)}"
+    )
     return rewards, gain, (lora0, lora1), (base0, base1)
 
 
@@ -352,8 +440,19 @@ def _fast_run(tmp_path, stale: bool, pack: bool = False):
     from talkmethods.engines import ENGINES
     from talkmethods.engines.fast import FastGenerator
 
-    cfg = train_config(arm="grpo", seed=17, model=SPEC, steps=2, problems_per_step=2, micro_batches=2,
-                      sampling=Sampling(max_new_tokens=6), save_every=1000, learning_rate=5e-2, pack_seats=pack, ada_draw_ahead=False)
+    cfg = train_config(
+        arm="grpo",
+        seed=17,
+        model=SPEC,
+        steps=2,
+        problems_per_step=2,
+        micro_batches=2,
+        sampling=Sampling(max_new_tokens=6),
+        save_every=1000,
+        learning_rate=5e-2,
+        pack_seats=pack,
+        ada_draw_ahead=False,
+    )
     log_path = tmp_path / "steps.jsonl"
 
     def factory(model, tok):
@@ -362,8 +461,14 @@ def _fast_run(tmp_path, stale: bool, pack: bool = False):
             gen.sync_weights = lambda: None
         return gen
 
-    trainer = build_trainer(cfg, tiny_problems(8), tmp_path, judge=parity_judge, callbacks=[StepLog(log_path)],
-                            generator_factory=factory if stale else ENGINES["fast"])
+    trainer = build_trainer(
+        cfg,
+        tiny_problems(8),
+        tmp_path,
+        judge=parity_judge,
+        callbacks=[StepLog(log_path)],
+        generator_factory=factory if stale else ENGINES["fast"],
+    )
     trainer.train()
     return [json.loads(line) for line in log_path.read_text().splitlines()]
 

@@ -52,7 +52,8 @@ def test_peft_version_pinned():
 
 def test_transformers_version_pinned():
     assert transformers.__version__ == TRANSFORMERS_PIN, (
-        f"transformers=={TRANSFORMERS_PIN} pinned, found {transformers.__version__}")
+        f"transformers=={TRANSFORMERS_PIN} pinned, found {transformers.__version__}"
+    )
 
 
 # ----------------------------------------------------------------------- GRPOTrainer internals
@@ -61,46 +62,61 @@ def test_transformers_version_pinned():
 def test_generate_and_score_completions_signature():
     params = list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters)
     assert params == ["self", "inputs"], (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer._generate_and_score_completions signature changed: {params}")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._generate_and_score_completions signature changed: {params}"
+    )
 
 
 def test_prepare_inputs_generates_then_splits_by_steps_per_generation():
     s = src(GRPOTrainer._prepare_inputs)
     assert "self._generate_and_score_completions(generation_batch)" in s, (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer calls _generate_and_score_completions")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer calls _generate_and_score_completions"
+    )
     assert "split_tensor_dict(generation_batch, self.args.steps_per_generation)" in s, (
         f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer splits with "
-        "split_tensor_dict(generation_batch, self.args.steps_per_generation)")
+        "split_tensor_dict(generation_batch, self.args.steps_per_generation)"
+    )
     assert "shuffle_sequence_dict(generation_batch)" in s, (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer shuffles the generation batch")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer shuffles the generation batch"
+    )
 
 
 def test_prepare_inputs_buffers_micro_batches_indexed_by_step():
     """TalkTrainer._prepare_inputs re-splits ``_buffered_inputs`` right after TRL fills it."""
     s = src(GRPOTrainer._prepare_inputs)
-    assert "self._buffered_inputs = " in s and "self._buffered_inputs[self._step % self.args.steps_per_generation]" in s, (
+    assert (
+        "self._buffered_inputs = " in s and "self._buffered_inputs[self._step % self.args.steps_per_generation]" in s
+    ), (
         f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs no longer buffers micro-batches in _buffered_inputs "
-        "indexed by _step % steps_per_generation")
+        "indexed by _step % steps_per_generation"
+    )
     assert "self._step % generate_every == 0 or self._buffered_inputs is None" in s, (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs changed when it generates")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._prepare_inputs changed when it generates"
+    )
     t = src(GRPOTrainer.training_step)
     assert t.index("super().training_step") < t.index("self._step += 1"), (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer.training_step no longer advances _step after the step")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.training_step no longer advances _step after the step"
+    )
 
 
 def test_loss_scores_through_get_per_token_logps_and_entropies():
     """The rollout-vs-trainer log-prob check wraps compute_loss and _get_per_token_logps_and_entropies."""
     params = list(inspect.signature(GRPOTrainer.compute_loss).parameters)
     assert params == ["self", "model", "inputs", "return_outputs", "num_items_in_batch"], (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer.compute_loss signature changed: {params}")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.compute_loss signature changed: {params}"
+    )
     params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)[:5]
     assert params == ["self", "model", "input_ids", "attention_mask", "logits_to_keep"], (
-        f"trl=={TRL_PIN} pinned; _get_per_token_logps_and_entropies signature changed: {params}")
+        f"trl=={TRL_PIN} pinned; _get_per_token_logps_and_entropies signature changed: {params}"
+    )
     s = src(GRPOTrainer._compute_loss)
-    assert re.search(r"per_token_logps, entropies, aux_loss = self\._get_per_token_logps_and_entropies\(\s*model,"
-                     r"\s*input_ids,\s*attention_mask,\s*logits_to_keep,", s), (
+    assert re.search(
+        r"per_token_logps, entropies, aux_loss = self\._get_per_token_logps_and_entropies\(\s*model,"
+        r"\s*input_ids,\s*attention_mask,\s*logits_to_keep,",
+        s,
+    ), (
         f"trl=={TRL_PIN} pinned; _compute_loss no longer scores the completion through "
-        "_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...)")
+        "_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, ...)"
+    )
     assert "logits_to_keep = completion_ids.size(1)" in s
 
 
@@ -110,51 +126,66 @@ def test_logps_come_from_the_fused_head_with_labels_as_a_keyword():
 
     s = src(GRPOTrainer._get_per_token_logps_and_entropies)
     assert "outputs = model(**model_inputs, labels=labels, fused_lm_head=True)" in s, (
-        f"trl=={TRL_PIN} pinned; _get_per_token_logps_and_entropies no longer calls model(..., labels=labels, fused_lm_head=True)")
+        f"trl=={TRL_PIN} pinned; _get_per_token_logps_and_entropies no longer calls model(..., labels=labels, fused_lm_head=True)"
+    )
     assert "labels[:, :-logits_to_keep] = -100" in s
     assert "mask = labels != -100" in src(trl_utils.add_fused_lm_head), (
-        f"trl=={TRL_PIN} pinned; the fused LM head no longer skips positions labelled -100")
+        f"trl=={TRL_PIN} pinned; the fused LM head no longer skips positions labelled -100"
+    )
 
 
 def test_loss_skips_tool_mask_tokens_and_attends_them():
     """Packed seat rows rely on it: ``completion_mask`` is attended, ``tool_mask`` zeroes tokens out of the loss."""
     s = src(GRPOTrainer._compute_loss)
-    assert 'attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)' in s, (
-        f"trl=={TRL_PIN} pinned; _compute_loss no longer attends every completion_mask token")
+    assert "attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)" in s, (
+        f"trl=={TRL_PIN} pinned; _compute_loss no longer attends every completion_mask token"
+    )
     assert 'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]' in s, (
-        f"trl=={TRL_PIN} pinned; _compute_loss no longer multiplies the loss mask by inputs['tool_mask']")
-    assert re.search(r'normalizer = inputs\["num_items_in_batch"\]', s) and "(per_token_loss * mask).sum() / normalizer" in s, (
-        f"trl=={TRL_PIN} pinned; dapo no longer sums the masked tokens over num_items_in_batch")
+        f"trl=={TRL_PIN} pinned; _compute_loss no longer multiplies the loss mask by inputs['tool_mask']"
+    )
+    assert (
+        re.search(r'normalizer = inputs\["num_items_in_batch"\]', s)
+        and "(per_token_loss * mask).sum() / normalizer" in s
+    ), f"trl=={TRL_PIN} pinned; dapo no longer sums the masked tokens over num_items_in_batch"
 
 
 def test_log_merges_the_metrics_dict():
     params = list(inspect.signature(GRPOTrainer.log).parameters)
-    assert params == ["self", "logs", "start_time"], f"trl=={TRL_PIN} pinned; GRPOTrainer.log signature changed: {params}"
+    assert params == ["self", "logs", "start_time"], (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.log signature changed: {params}"
+    )
     s = src(GRPOTrainer.log)
     assert "self._metrics[mode].items()" in s and "logs.update(metrics)" in s, (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer.log no longer merges self._metrics into the logged dict")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.log no longer merges self._metrics into the logged dict"
+    )
 
 
 @pytest.mark.parametrize("key", sorted(BASE_KEYS))
 def test_compute_loss_reads_the_base_keys(key):
     assert f'inputs["{key}"]' in src(GRPOTrainer._compute_loss), (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer._compute_loss no longer reads inputs[{key!r}]")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._compute_loss no longer reads inputs[{key!r}]"
+    )
 
 
 def test_compute_loss_accepts_per_row_advantages_and_dapo_normaliser():
     s = src(GRPOTrainer._compute_loss)
     assert "if advantages.dim() == 1:" in s and "advantages.unsqueeze(1)" in s, (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer._compute_loss no longer takes (B,) advantages")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._compute_loss no longer takes (B,) advantages"
+    )
     assert 'normalizer = inputs["num_items_in_batch"].clamp(min=1.0)' in s, (
-        f"trl=={TRL_PIN} pinned; the dapo loss no longer normalises by num_items_in_batch")
+        f"trl=={TRL_PIN} pinned; the dapo loss no longer normalises by num_items_in_batch"
+    )
     assert GRPOTrainer.loss_is_scaled_for_ga is True, (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer.loss_is_scaled_for_ga changed (micro-batch losses would be rescaled)")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer.loss_is_scaled_for_ga changed (micro-batch losses would be rescaled)"
+    )
 
 
 def test_trl_base_output_keys_are_the_documented_six():
     s = src(GRPOTrainer._generate_and_score_completions)
     block = re.search(r"output = \{(.*?)\}", s, re.S)
-    assert block, f"trl=={TRL_PIN} pinned; GRPOTrainer._generate_and_score_completions no longer builds `output = {{...}}`"
+    assert block, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer._generate_and_score_completions no longer builds `output = {{...}}`"
+    )
     keys = set(re.findall(r'"(\w+)":', block.group(1)))
     assert keys == BASE_KEYS, f"trl=={TRL_PIN} pinned; the base batch keys changed: {sorted(keys)}"
 
@@ -168,7 +199,8 @@ def test_split_tensor_dict_drops_rows_that_do_not_divide():
     assert len(whole) == 1 and whole[0]["x"].tolist() == list(range(10)) and int(whole[0]["n"]) == 7
     parts = split_tensor_dict(d, 3)
     assert sum(len(p["x"]) for p in parts) == 9, (
-        f"trl=={TRL_PIN} pinned; split_tensor_dict no longer drops the remainder: revisit the row padding")
+        f"trl=={TRL_PIN} pinned; split_tensor_dict no longer drops the remainder: revisit the row padding"
+    )
     assert all(int(p["n"]) == 7 for p in parts), "scalars (num_items_in_batch) must be copied to every part"
 
 
@@ -176,12 +208,16 @@ def test_shuffle_sequence_dict_keeps_rows_aligned_and_scalars_whole():
     from trl.trainer.utils import shuffle_sequence_dict
 
     torch.manual_seed(0)
-    d = {"prompt_ids": torch.arange(50)[:, None].repeat(1, 3), "advantages": torch.arange(50).float(),
-         "num_items_in_batch": torch.tensor(123)}
+    d = {
+        "prompt_ids": torch.arange(50)[:, None].repeat(1, 3),
+        "advantages": torch.arange(50).float(),
+        "num_items_in_batch": torch.tensor(123),
+    }
     out = shuffle_sequence_dict(d)
     assert out["prompt_ids"][:, 0].tolist() != list(range(50)), "shuffle did not shuffle"
     assert out["prompt_ids"][:, 0].tolist() == out["advantages"].long().tolist(), (
-        f"trl=={TRL_PIN} pinned; shuffle_sequence_dict no longer permutes all keys in unison")
+        f"trl=={TRL_PIN} pinned; shuffle_sequence_dict no longer permutes all keys in unison"
+    )
     assert int(out["num_items_in_batch"]) == 123
 
 
@@ -193,7 +229,8 @@ def test_fused_forward_looks_up_use_triton_at_call_time():
     s = src(trl_utils.add_fused_lm_head)
     assert "def _fused_forward(" in s and "compact = _use_triton(" in s, (
         f"trl=={TRL_PIN} pinned; _fused_forward no longer calls `compact = _use_triton(`: "
-        "talkmethods.training.patches.score_only_valid_positions_on_cpu patches nothing")
+        "talkmethods.training.patches.score_only_valid_positions_on_cpu patches nothing"
+    )
     # ... and our patch, once applied (build_trainer does), scores compactly on a CPU; the original decision elsewhere.
     score_only_valid_positions_on_cpu()
     assert trl_utils._use_triton(torch.device("cpu")) is True
@@ -207,12 +244,13 @@ def test_grpo_sampler_repeats_each_prompt_num_generations_times_in_a_row():
     """TalkTrainer takes ``inputs[::num_generations]`` as the step's problems."""
     s = src(GRPOTrainer._get_train_sampler)
     assert "mini_repeat_count=self.num_generations" in s, (
-        f"trl=={TRL_PIN} pinned; GRPOTrainer's sampler no longer repeats prompts num_generations times in a row")
+        f"trl=={TRL_PIN} pinned; GRPOTrainer's sampler no longer repeats prompts num_generations times in a row"
+    )
     from trl.trainer.utils import RepeatSampler
 
     idx = list(RepeatSampler(list(range(8)), mini_repeat_count=4, batch_size=8, repeat_count=1, shuffle=True, seed=0))
     assert len(idx) == 32 and sorted(set(idx)) == list(range(8))
-    assert all(len(set(idx[4 * k: 4 * k + 4])) == 1 for k in range(8))
+    assert all(len(set(idx[4 * k : 4 * k + 4])) == 1 for k in range(8))
 
 
 def test_repeat_sampler_shuffles_once_an_epoch_and_trainer_sets_the_epoch():
@@ -223,16 +261,26 @@ def test_repeat_sampler_shuffles_once_an_epoch_and_trainer_sets_the_epoch():
 
     init, it = src(RepeatSampler.__init__), src(RepeatSampler.__iter__)
     assert "self.generator = torch.Generator()" in init and "self.generator.manual_seed(seed)" in init, (
-        f"trl=={TRL_PIN} pinned; RepeatSampler no longer shuffles with its own generator seeded once")
-    assert "self.num_samples = len(data_source)" in init and "self.shuffle = shuffle" in init and "self.seed = seed" in init
+        f"trl=={TRL_PIN} pinned; RepeatSampler no longer shuffles with its own generator seeded once"
+    )
+    assert (
+        "self.num_samples = len(data_source)" in init
+        and "self.shuffle = shuffle" in init
+        and "self.seed = seed" in init
+    )
     assert it.count("torch.randperm(") == 1 and "torch.randperm(self.num_samples, generator=self.generator)" in it, (
         f"trl=={TRL_PIN} pinned; RepeatSampler.__iter__ no longer draws one randperm(num_samples) per epoch: "
-        "talkmethods.training.patches.replayable replays the wrong draws")
-    assert "set_epoch" not in vars(RepeatSampler), f"trl=={TRL_PIN} pinned; RepeatSampler has a set_epoch of its own now"
+        "talkmethods.training.patches.replayable replays the wrong draws"
+    )
+    assert "set_epoch" not in vars(RepeatSampler), (
+        f"trl=={TRL_PIN} pinned; RepeatSampler has a set_epoch of its own now"
+    )
     assert "train_dataloader.set_epoch(epoch)" in src(Trainer._run_epoch), (
-        f"transformers=={TRANSFORMERS_PIN} pinned; Trainer no longer calls set_epoch on the dataloader every epoch")
+        f"transformers=={TRANSFORMERS_PIN} pinned; Trainer no longer calls set_epoch on the dataloader every epoch"
+    )
     assert "self.batch_sampler.sampler.set_epoch(epoch)" in src(DataLoaderShard.set_epoch), (
-        "accelerate's DataLoaderShard.set_epoch no longer reaches the sampler")
+        "accelerate's DataLoaderShard.set_epoch no longer reaches the sampler"
+    )
 
 
 # -------------------------------------------------------------------------------------- PEFT
@@ -245,7 +293,8 @@ def test_peft_lora_supports_mixed_adapter_batches():
     assert '"__base__"' in src(lora_layer), f"peft=={PEFT_PIN} pinned; LoRA layers no longer know '__base__'"
     s = src(lora_model.LoraModel._enable_peft_forward_hooks)
     assert 'kwargs.pop("adapter_names", None)' in s, (
-        f"peft=={PEFT_PIN} pinned; LoraModel no longer takes adapter_names (mixed batches)")
+        f"peft=={PEFT_PIN} pinned; LoraModel no longer takes adapter_names (mixed batches)"
+    )
     # PEFT refuses adapter_names in training mode: PlainGenerator must switch to eval to generate.
     assert "Cannot pass `adapter_names` when the model is in training mode." in s
 
@@ -257,16 +306,36 @@ def test_peft_lora_linear_forward_is_the_sum_fuse_lora_adds_fuses():
 
     s = src(LoraLinear.forward)
     assert "if active_adapter not in self.lora_variant:  # vanilla LoRA" in s and (
-        "result = result + lora_B(lora_A(dropout(x))) * scaling" in s), (
+        "result = result + lora_B(lora_A(dropout(x))) * scaling" in s
+    ), (
         f"peft=={PEFT_PIN} pinned; LoRA Linear.forward no longer computes base(x) + B(A(dropout(x))) * scaling: "
-        "talkmethods.training.patches._lora_forward would fuse another sum")
+        "talkmethods.training.patches._lora_forward would fuse another sum"
+    )
     assert "x = self._cast_input_dtype(x, lora_A.weight.dtype)" in s, (
-        f"peft=={PEFT_PIN} pinned; LoRA Linear.forward no longer casts the input to the adapter's dtype")
-    layer = next(m for m in get_peft_model(torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)),
-                                           LoraConfig(r=2, lora_alpha=4, target_modules=["0"])).modules()
-                 if type(m) is LoraLinear)
-    missing = [n for n in ("lora_A", "lora_B", "scaling", "lora_dropout", "lora_variant", "active_adapters", "merged",
-                           "disable_adapters", "base_layer") if not hasattr(layer, n)]
+        f"peft=={PEFT_PIN} pinned; LoRA Linear.forward no longer casts the input to the adapter's dtype"
+    )
+    layer = next(
+        m
+        for m in get_peft_model(
+            torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)), LoraConfig(r=2, lora_alpha=4, target_modules=["0"])
+        ).modules()
+        if type(m) is LoraLinear
+    )
+    missing = [
+        n
+        for n in (
+            "lora_A",
+            "lora_B",
+            "scaling",
+            "lora_dropout",
+            "lora_variant",
+            "active_adapters",
+            "merged",
+            "disable_adapters",
+            "base_layer",
+        )
+        if not hasattr(layer, n)
+    ]
     assert not missing, f"peft=={PEFT_PIN} pinned; LoRA Linear layers no longer have {missing}"
 
 
@@ -285,10 +354,25 @@ def built(tmp_path_factory, one_torch_thread):
 
     build_mod.GRPOConfig = recording
     try:
-        cfg = train_config(arm="mixed", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=8,
-                          learning_rate=3e-4, sampling=Sampling(max_new_tokens=4), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
-        trainer = build_trainer(cfg, tiny_problems(8), tmp_path_factory.mktemp("contract"),
-                                judge=lambda turn, problem: turn.completion_ids[0] % 2 == 0)
+        cfg = train_config(
+            arm="mixed",
+            seed=17,
+            model=ModelSpec("offline-tiny-qwen2"),
+            steps=1,
+            problems_per_step=8,
+            learning_rate=3e-4,
+            sampling=Sampling(max_new_tokens=4),
+            save_every=1000,
+            micro_batches=1,
+            pack_seats=False,
+            ada_draw_ahead=False,
+        )
+        trainer = build_trainer(
+            cfg,
+            tiny_problems(8),
+            tmp_path_factory.mktemp("contract"),
+            judge=lambda turn, problem: turn.completion_ids[0] % 2 == 0,
+        )
     finally:
         build_mod.GRPOConfig = real
     return trainer, passed
@@ -315,7 +399,7 @@ def test_our_batch_has_exactly_the_base_keys(built):
     trainer, _ = built
     batch = next(iter(trainer.get_train_dataloader()))  # what TRL hands _prepare_inputs
     assert len(batch) == 32
-    assert all(len({row["id"] for row in batch[4 * k: 4 * k + 4]}) == 1 for k in range(8))
+    assert all(len({row["id"] for row in batch[4 * k : 4 * k + 4]}) == 1 for k in range(8))
     trainer.model.train()  # as inside trainer.train()
     out = trainer._generate_and_score_completions(batch)
     assert set(out) == OUR_KEYS
@@ -336,8 +420,10 @@ def test_lora_input_uncast_changes_no_number_under_bf16_autocast():
     from talkmethods.training.patches import lora_inputs_uncast
 
     torch.manual_seed(0)
-    model = get_peft_model(load_model(ModelSpec("offline-tiny-qwen2"), torch.bfloat16),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", "gate_proj"]))
+    model = get_peft_model(
+        load_model(ModelSpec("offline-tiny-qwen2"), torch.bfloat16),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", "gate_proj"]),
+    )
     lora = [m for m in model.modules() if isinstance(m, BaseTunerLayer) and hasattr(m, "lora_A")]
     assert lora and all(m.lora_A["default"].weight.dtype == torch.float32 for m in lora)  # PEFT's upcast adapter
     with torch.no_grad():
@@ -396,7 +482,7 @@ def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16(
         assert torch.allclose(got_grads[name], want_grads[name], rtol=1e-5, atol=1e-7), name
     want, _ = run(want_model, True)
     got, _ = run(got_model, True)
-    assert (got - want).abs().max().item() <= 2 * 2.0 ** -7 * want.abs().max().item()  # a bf16 ulp or two
+    assert (got - want).abs().max().item() <= 2 * 2.0**-7 * want.abs().max().item()  # a bf16 ulp or two
     with torch.no_grad(), got_model.disable_adapter():  # PEFT's own path: the adapter is off
         assert torch.equal(got_model(ids).logits, base(ids).logits)
 
@@ -439,6 +525,11 @@ print("ok", len(fused))
 
 def test_importing_talkmethods_training_patches_nothing(tmp_path):
     """No patch at import: TRL, PEFT and transformers are as shipped until build_trainer applies them (a fresh process)."""
-    out = subprocess.run([sys.executable, "-c", IMPORT_THEN_BUILD, str(Path(__file__).parent), str(tmp_path)],
-                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_THEN_BUILD, str(Path(__file__).parent), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        check=False,
+    )
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-3000:]

@@ -16,7 +16,15 @@ from talkmethods.problems import parse_problem
 from talkmethods.rollout import seat_prompts
 from talkmethods.split import split_facts
 from talkmethods.synthetic import generate_problems
-from talkmethods.warmstart import WarmStartConfig, build_model, draw_slips, ideal_chat, sft_rows, warm_start, world_tokenizer
+from talkmethods.warmstart import (
+    WarmStartConfig,
+    build_model,
+    draw_slips,
+    ideal_chat,
+    sft_rows,
+    warm_start,
+    world_tokenizer,
+)
 
 
 def count_problems(n: int, seed: int = 3, style: str = "short") -> list[dict]:
@@ -24,14 +32,35 @@ def count_problems(n: int, seed: int = 3, style: str = "short") -> list[dict]:
     for i, row in enumerate(generate_problems(n, seed, "count")):
         p = parse_problem(row, f"row {i}", "synthetic-train", i)
         split = split_facts(p["question"])
-        out.append({"id": f"p{i}", "facts_a": list(split.facts_a), "facts_b": list(split.facts_b),
-                    "shared_question": split.question, "gold": p["gold"], "answer": p["answer"],
-                    "prompt_style": style})
+        out.append(
+            {
+                "id": f"p{i}",
+                "facts_a": list(split.facts_a),
+                "facts_b": list(split.facts_b),
+                "shared_question": split.question,
+                "gold": p["gold"],
+                "answer": p["answer"],
+                "prompt_style": style,
+            }
+        )
     return out
 
 
-CFG = WarmStartConfig(vocab="compact", hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, steps=30,
-                      batch_size=8, learning_rate=3e-3, warmup_steps=2, slip_rate=0.3, seed=0, precision="fp32")
+CFG = WarmStartConfig(
+    vocab="compact",
+    hidden=32,
+    layers=1,
+    heads=2,
+    kv_heads=1,
+    intermediate=64,
+    steps=30,
+    batch_size=8,
+    learning_rate=3e-3,
+    warmup_steps=2,
+    slip_rate=0.3,
+    seed=0,
+    precision="fp32",
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +97,9 @@ def test_sft_tokens_are_the_rollouts_tokens(problems, tokenizer):
 
     texts = [t.text for t in chat.turns]
     for turn in (2, 3):
-        rebuilt = seat_prompts(tokenizer, [(seat_messages(chat.problem, turn, texts[:turn]), chat.turns[turn - 2])], {end})[0]
+        rebuilt = seat_prompts(
+            tokenizer, [(seat_messages(chat.problem, turn, texts[:turn]), chat.turns[turn - 2])], {end}
+        )[0]
         assert rebuilt == chat.turns[turn].prompt_ids
         first = chat.turns[turn - 2]
         assert rebuilt[: len(first.prompt_ids) + len(first.completion_ids)] == first.prompt_ids + first.completion_ids

@@ -7,8 +7,8 @@ to_rule_log(snakemake.log[0])
 use_threads(snakemake.threads)
 
 from talkmethods.errors import friendly_errors
-from talkmethods.gpu import claim_gpu
 from talkmethods.evaluate import eval_stage
+from talkmethods.gpu import claim_gpu
 
 w = snakemake.wildcards
 kind = w.get("kind", "base")

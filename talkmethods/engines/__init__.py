@@ -23,8 +23,9 @@ class Generator(Protocol):
     reuses_turns: bool  # ``generate`` continues a lane's cached K/V: ``play_chats`` names each seat's lane
     last_logprobs: list[list[float]] | None  # the last call's per-token log-probs, from an engine that scores them
 
-    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling,
-                 lane: str | None = None) -> list[list[int]]:
+    def generate(
+        self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling, lane: str | None = None
+    ) -> list[list[int]]:
         """One completion per prompt, token ids up to and including the first stop token."""
         ...
 

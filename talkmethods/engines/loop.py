@@ -35,14 +35,23 @@ class LoopGenerator(PlainGenerator):
         eos = torch.tensor(self.eos_ids, device=device)
         cache = DynamicCache()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1, **extra)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
         done = torch.zeros(n, dtype=torch.bool, device=device)
         tokens, logps = [], []
         pos = positions[:, -1:]
         for _ in range(sampling.max_new_tokens):
             u = torch.rand(n, device=device)
-            nxt, logp = sample_with_logprob(out.logits[:, -1, :], sampling.temperature, sampling.top_k, sampling.top_p, u)
+            nxt, logp = sample_with_logprob(
+                out.logits[:, -1, :], sampling.temperature, sampling.top_k, sampling.top_p, u
+            )
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
             logps.append(logp)
@@ -51,8 +60,15 @@ class LoopGenerator(PlainGenerator):
                 break
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
             pos = pos + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-                             use_cache=True, logits_to_keep=1, **extra)
+            out = self.model(
+                input_ids=nxt[:, None],
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
+            )
         trimmed = self._trim(torch.stack(tokens, dim=1))
         lps = torch.stack(logps, dim=1).tolist()
         self.last_logprobs = [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]

@@ -17,15 +17,19 @@ class PlainGenerator:
     def __init__(self, model, tokenizer):
         self.model = model
         self.tokenizer = tokenizer
-        self.eos_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+        self.eos_ids = [
+            tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        ]
         self.pad_id = tokenizer.pad_token_id
         self.last_logprobs: list[list[float]] | None = None  # engines that score their tokens set this
 
     def sync_weights(self) -> None:
         """Called after each optimizer step; this engine reads the live model, so nothing to do."""
 
-    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling,
-                 lane: str | None = None) -> list[list[int]]:
+    def generate(
+        self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling, lane: str | None = None
+    ) -> list[list[int]]:
         """Sample one completion per prompt; returns token ids up to and including the first EOS.
 
         ``lane`` is the ``Generator`` protocol's; this engine keeps nothing between calls and ignores it.
@@ -56,10 +60,19 @@ class PlainGenerator:
         # sets (Qwen2.5-Instruct ships repetition_penalty 1.05), and sample from another distribution than
         # the one configured, the other engines use and the trainer scores.
         kwargs = dict(
-            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
-            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-            repetition_penalty=sampling.repetition_penalty, min_p=None, typical_p=1.0, no_repeat_ngram_size=0,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            repetition_penalty=sampling.repetition_penalty,
+            min_p=None,
+            typical_p=1.0,
+            no_repeat_ngram_size=0,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
         )
         is_peft = hasattr(self.model, "disable_adapter")
         if is_peft and not all(adapter_on):

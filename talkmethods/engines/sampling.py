@@ -30,14 +30,18 @@ class Sampling:
 def refuse_repetition_penalty(sampling: Sampling, engine: str) -> None:
     """The loop and fast engines sample from softmax(logits / T) with top-k/top-p only: refuse a penalty they would drop."""
     if sampling.repetition_penalty != 1.0:
-        raise ValueError(f"the {engine} engine applies no repetition penalty (got {sampling.repetition_penalty}): "
-                         "set it to 1.0, or use the plain engine")
+        raise ValueError(
+            f"the {engine} engine applies no repetition penalty (got {sampling.repetition_penalty}): "
+            "set it to 1.0, or use the plain engine"
+        )
 
 
 CDF_BLOCK = 128  # long rows are searched in blocks: the inverse CDF and the top-k (see below)
 
-def sample_with_logprob(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                        u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+
+def sample_with_logprob(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A token per row drawn with the uniforms ``u`` (B,), and its log-prob under ``softmax(logits / T)``.
 
     The log-prob is the one TRL's loss computes (temperature applied, top-k/top-p not), so the trainer

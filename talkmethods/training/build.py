@@ -17,10 +17,10 @@ import torch
 from trl import GRPOConfig
 
 from talkmethods.atomic import atomic_path
-from talkmethods.problems import read_jsonl
 from talkmethods.credit import CREDIT_RULES
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.models import load_model, load_tokenizer, pick_device_and_dtype
+from talkmethods.problems import read_jsonl
 from talkmethods.recipe import TRL_FIXED, TrainConfig
 from talkmethods.rollout import judge_by_gold
 from talkmethods.training.patches import apply_patches
@@ -34,11 +34,19 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def rollout_reward(**_):
     """Placeholder for TRL's reward_funcs: team rewards are computed inside the rollout, so this never runs."""
-    raise RuntimeError("TalkTrainer scores chats in _generate_and_score_completions; rollout_reward must not be called")
+    raise RuntimeError(
+        "TalkTrainer scores chats in _generate_and_score_completions; rollout_reward must not be called"
+    )
 
 
-def build_trainer(cfg: TrainConfig, problems: list[dict], work_dir: Path, judge=judge_by_gold,
-                  callbacks=(), generator_factory=PlainGenerator) -> TalkTrainer:
+def build_trainer(
+    cfg: TrainConfig,
+    problems: list[dict],
+    work_dir: Path,
+    judge=judge_by_gold,
+    callbacks=(),
+    generator_factory=PlainGenerator,
+) -> TalkTrainer:
     """A ready TalkTrainer for ``cfg`` on ``problems``, TRL/PEFT patches applied; checkpoints go to ``work_dir``."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -50,26 +58,61 @@ def build_trainer(cfg: TrainConfig, problems: list[dict], work_dir: Path, judge=
     model = load_model(cfg.model, dtype, device)
     n_rows = cfg.problems_per_step * cfg.chats_per_problem
     if n_rows % cfg.micro_batches:
-        raise ValueError(f"train.micro_batches={cfg.micro_batches} must divide problems_per_step × chats_per_problem = {n_rows}")
+        raise ValueError(
+            f"train.micro_batches={cfg.micro_batches} must divide problems_per_step × chats_per_problem = {n_rows}"
+        )
     args = GRPOConfig(
-        output_dir=str(work_dir), seed=cfg.seed, max_steps=cfg.steps, learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_schedule, warmup_steps=0, weight_decay=0.0,
-        per_device_train_batch_size=n_rows // cfg.micro_batches, num_generations=cfg.chats_per_problem,
-        steps_per_generation=cfg.micro_batches, gradient_accumulation_steps=cfg.micro_batches, **TRL_FIXED,
-        max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
-        top_p=cfg.sampling.top_p, logging_steps=1, save_strategy="steps", save_steps=cfg.save_every,
-        save_total_limit=1, report_to=[], bf16=dtype == torch.bfloat16, use_cpu=device.type == "cpu",
-        activation_checkpointing=cfg.gradient_checkpointing, remove_unused_columns=False,
-        dataloader_num_workers=0, disable_tqdm=False, shuffle_dataset=True,
+        output_dir=str(work_dir),
+        seed=cfg.seed,
+        max_steps=cfg.steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_schedule,
+        warmup_steps=0,
+        weight_decay=0.0,
+        per_device_train_batch_size=n_rows // cfg.micro_batches,
+        num_generations=cfg.chats_per_problem,
+        steps_per_generation=cfg.micro_batches,
+        gradient_accumulation_steps=cfg.micro_batches,
+        **TRL_FIXED,
+        max_completion_length=cfg.sampling.max_new_tokens,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=cfg.save_every,
+        save_total_limit=1,
+        report_to=[],
+        bf16=dtype == torch.bfloat16,
+        use_cpu=device.type == "cpu",
+        activation_checkpointing=cfg.gradient_checkpointing,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        shuffle_dataset=True,
     )
-    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(LORA_TARGETS),
+        task_type="CAUSAL_LM",
+    )
     dataset = Dataset.from_list([{**p, "prompt": p["shared_question"]} for p in problems])
     trainer = TalkTrainer(
-        model=model, reward_funcs=[rollout_reward], args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=lora,
-        arm=cfg.arm, sampling=cfg.sampling, ada_max_replays=cfg.ada_max_replays, ada_draw_ahead=cfg.ada_draw_ahead,
-        pack_seats=cfg.pack_seats, judge=judge,
-        callbacks=list(callbacks), generator_factory=generator_factory,
+        model=model,
+        reward_funcs=[rollout_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+        arm=cfg.arm,
+        sampling=cfg.sampling,
+        ada_max_replays=cfg.ada_max_replays,
+        ada_draw_ahead=cfg.ada_draw_ahead,
+        pack_seats=cfg.pack_seats,
+        judge=judge,
+        callbacks=list(callbacks),
+        generator_factory=generator_factory,
     )
     trainer.lora_layers_fused = apply_patches(trainer.model)  # the PEFT-wrapped model TRL built
     return trainer
@@ -90,8 +133,9 @@ def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_pat
     truncate_log(live_log, resumed_from)
     from talkmethods.engines import ENGINES
 
-    trainer = build_trainer(cfg, problems, work_dir, callbacks=[StepLog(live_log)],
-                            generator_factory=ENGINES[cfg.engine])
+    trainer = build_trainer(
+        cfg, problems, work_dir, callbacks=[StepLog(live_log)], generator_factory=ENGINES[cfg.engine]
+    )
     t0 = time.perf_counter()
     if last and resumed_from >= cfg.steps:
         # Training had finished (the job died writing its outputs). Trainer.train would run one step
@@ -104,8 +148,12 @@ def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_pat
         trainer.model.save_pretrained(str(tmp))
     with atomic_path(log_path) as tmp:
         shutil.copyfile(live_log, tmp)
-    return {"resumed_from_step": resumed_from, "train_wall_s": time.perf_counter() - t0,
-            "steps": trainer.state.global_step, "config": jsonable(asdict(cfg))}
+    return {
+        "resumed_from_step": resumed_from,
+        "train_wall_s": time.perf_counter() - t0,
+        "steps": trainer.state.global_step,
+        "config": jsonable(asdict(cfg)),
+    }
 
 
 def train_stage(params: dict, problems: str, adapter_dir: str, log_path: str, work_dir: str) -> dict:

@@ -96,11 +96,23 @@ def _lora_forward(self, x, *args, **kwargs):
     fewer, forward and backward. Anything but a plain single-adapter call goes to PEFT's own forward.
     """
     name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
-    if (args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A
-            or name in self.lora_variant or not isinstance(self.lora_dropout[name], torch.nn.Identity)
-            # without autocast addmm needs one dtype (PEFT's forward casts the input to the adapter's)
-            or not (torch.is_autocast_enabled(x.device.type) or x.dtype == self.lora_A[name].weight.dtype
-                    == self.lora_B[name].weight.dtype == self.base_layer.weight.dtype)):
+    if (
+        args
+        or kwargs
+        or self.disable_adapters
+        or self.merged
+        or name not in self.lora_A
+        or name in self.lora_variant
+        or not isinstance(self.lora_dropout[name], torch.nn.Identity)
+        # without autocast addmm needs one dtype (PEFT's forward casts the input to the adapter's)
+        or not (
+            torch.is_autocast_enabled(x.device.type)
+            or x.dtype
+            == self.lora_A[name].weight.dtype
+            == self.lora_B[name].weight.dtype
+            == self.base_layer.weight.dtype
+        )
+    ):
         return type(self).forward(self, x, *args, **kwargs)
     result = self.base_layer(x)
     h = self.lora_A[name](x) * self.scaling[name]
@@ -146,6 +158,7 @@ def replayable(sampler):
     (behaviour: tests/test_reliability.py::test_sampler_order_depends_only_on_seed_and_epoch).
     """
     if getattr(sampler, "shuffle", False) and getattr(sampler, "seed", None) is not None:
+
         def set_epoch(epoch: int) -> None:
             sampler.generator.manual_seed(sampler.seed)
             for _ in range(epoch):

@@ -34,12 +34,20 @@ class Row:
     turns: int = 1
 
     @classmethod
-    def of(cls, turn: Turn, advantage: float) -> "Row":
-        return cls(turn.prompt_ids, turn.completion_ids, [1] * len(turn.completion_ids), turn.logprobs, advantage,
-                   turns=int(bool(turn.completion_ids)))
+    def of(cls, turn: Turn, advantage: float) -> Row:
+        return cls(
+            turn.prompt_ids,
+            turn.completion_ids,
+            [1] * len(turn.completion_ids),
+            turn.logprobs,
+            advantage,
+            turns=int(bool(turn.completion_ids)),
+        )
 
 
-def to_rows(chats: list[Chat], advantages: list[float], trained: list[tuple[bool, ...]], pack: bool = False) -> list[Row]:
+def to_rows(
+    chats: list[Chat], advantages: list[float], trained: list[tuple[bool, ...]], pack: bool = False
+) -> list[Row]:
     """The rows of each kept chat's trained turns, every one with its chat's advantage.
 
     ``pack``: a seat's two trained turns become one row when the first turn (prompt and completion)
@@ -69,9 +77,16 @@ def _seat_rows(turns: list[Turn], adv: float) -> list[Row]:
             logprobs = None
             if first.logprobs is not None and second.logprobs is not None:
                 logprobs = first.logprobs + [math.nan] * len(between) + second.logprobs
-            return [Row(first.prompt_ids, first.completion_ids + between + second.completion_ids,
-                        [1] * len(first.completion_ids) + [0] * len(between) + [1] * len(second.completion_ids),
-                        logprobs, adv, turns=2)]
+            return [
+                Row(
+                    first.prompt_ids,
+                    first.completion_ids + between + second.completion_ids,
+                    [1] * len(first.completion_ids) + [0] * len(between) + [1] * len(second.completion_ids),
+                    logprobs,
+                    adv,
+                    turns=2,
+                )
+            ]
     return [Row.of(t, adv) for t in turns]
 
 
@@ -99,8 +114,14 @@ def pad_rows(rows: list[Row], pad_id: int, device) -> dict[str, torch.Tensor]:
             completion_mask[i, : len(c)] = 1
             tool_mask[i, : len(c)] = torch.tensor(r.scored)
     advantages = torch.tensor([r.advantage for r in rows], dtype=torch.float32)  # (B,)
-    out = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-               completion_mask=completion_mask, tool_mask=tool_mask, advantages=advantages)
+    out = dict(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        tool_mask=tool_mask,
+        advantages=advantages,
+    )
     if all(r.logprobs is not None for r in rows if r.completion_ids):
         rollout_logps = torch.zeros((n, c_len), dtype=torch.float32)
         for i, r in enumerate(rows):
@@ -110,8 +131,15 @@ def pad_rows(rows: list[Row], pad_id: int, device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in out.items()}
 
 
-ROW_KEYS = {"prompt_ids": "prompt", "prompt_mask": "prompt", "completion_ids": "completion",
-            "completion_mask": "completion", "tool_mask": "completion", "rollout_logps": "completion", "advantages": None}
+ROW_KEYS = {
+    "prompt_ids": "prompt",
+    "prompt_mask": "prompt",
+    "completion_ids": "completion",
+    "completion_mask": "completion",
+    "tool_mask": "completion",
+    "rollout_logps": "completion",
+    "advantages": None,
+}
 
 
 # pytorch#196678: on H100/H200 with torch 2.11, cuDNN's SDPA backward (the default with a padding mask)

@@ -27,14 +27,24 @@ class StepLog(TrainerCallback):
     """Writes one JSON line per optimizer step (and one log line) to ``path``."""
 
     KEYS = {
-        "talk/reward": "reward", "talk/both_right": "both_right", "talk/chats_drawn": "chats_drawn",
+        "talk/reward": "reward",
+        "talk/both_right": "both_right",
+        "talk/chats_drawn": "chats_drawn",
         "talk/chats_generated": "chats_generated",
-        "talk/zero_adv_share": "zero_adv_share", "talk/tokens_per_turn": "tokens_per_turn",
-        "entropy": "entropy", "loss": "loss", "grad_norm": "grad_norm",
-        "talk/rows": "rows", "talk/loss_rows": "loss_rows",
-        "talk/longest_prompt": "longest_prompt", "timing/gen_s": "gen_s",
-        "talk/logp_diff_max": "logp_diff_max", "talk/logp_diff_mean": "logp_diff_mean", "talk/logp_kl": "logp_kl",
-        "talk/loss_tokens": "loss_tokens", "talk/loss_tokens_padded": "loss_tokens_padded",
+        "talk/zero_adv_share": "zero_adv_share",
+        "talk/tokens_per_turn": "tokens_per_turn",
+        "entropy": "entropy",
+        "loss": "loss",
+        "grad_norm": "grad_norm",
+        "talk/rows": "rows",
+        "talk/loss_rows": "loss_rows",
+        "talk/longest_prompt": "longest_prompt",
+        "timing/gen_s": "gen_s",
+        "talk/logp_diff_max": "logp_diff_max",
+        "talk/logp_diff_mean": "logp_diff_mean",
+        "talk/logp_kl": "logp_kl",
+        "talk/loss_tokens": "loss_tokens",
+        "talk/loss_tokens_padded": "loss_tokens_padded",
     }
 
     def __init__(self, path: Path):
@@ -52,8 +62,14 @@ class StepLog(TrainerCallback):
         line["train_s"] = max(time.perf_counter() - self._t0 - (line["gen_s"] or 0.0), 0.0)
         with open(self.path, "a") as f:
             f.write(json.dumps(line, sort_keys=True) + "\n")
-        log.info("step %d reward %.3f chats %d gen %.1fs train %.1fs", line["step"], line["reward"],
-                 line["chats_drawn"], line["gen_s"], line["train_s"])
+        log.info(
+            "step %d reward %.3f chats %d gen %.1fs train %.1fs",
+            line["step"],
+            line["reward"],
+            line["chats_drawn"],
+            line["gen_s"],
+            line["train_s"],
+        )
 
 
 def truncate_log(path: Path, last_step: int) -> None:
@@ -79,7 +95,9 @@ RUN_KEY = "run_key.json"  # in the work dir: which config and problems its check
 def run_key(cfg: TrainConfig, problems: list[dict]) -> dict:
     """What a checkpoint is only valid for: the whole TrainConfig and the exact problems."""
     blob = json.dumps(problems, sort_keys=True, ensure_ascii=False).encode()
-    return json.loads(json.dumps({"config": jsonable(asdict(cfg)), "problems_sha256": hashlib.sha256(blob).hexdigest()}))
+    return json.loads(
+        json.dumps({"config": jsonable(asdict(cfg)), "problems_sha256": hashlib.sha256(blob).hexdigest()})
+    )
 
 
 def checkpoint_step(path: Path) -> int | None:

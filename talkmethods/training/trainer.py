@@ -49,8 +49,18 @@ class TalkTrainer(GRPOTrainer):
     (test_loss_scores_through_get_per_token_logps_and_entropies) and the metrics (test_log_merges_the_metrics_dict).
     """
 
-    def __init__(self, *args, arm: str, sampling: Sampling, ada_max_replays: int = 3, ada_draw_ahead: bool = False,
-                 pack_seats: bool = False, judge: Callable[[Turn, dict], bool] = judge_by_gold, generator_factory=PlainGenerator, **kwargs):
+    def __init__(
+        self,
+        *args,
+        arm: str,
+        sampling: Sampling,
+        ada_max_replays: int = 3,
+        ada_draw_ahead: bool = False,
+        pack_seats: bool = False,
+        judge: Callable[[Turn, dict], bool] = judge_by_gold,
+        generator_factory=PlainGenerator,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if self.args.steps_per_generation != self.args.gradient_accumulation_steps:
             # One optimizer step per generation batch (on-policy): the rows of one rollout are split
@@ -63,7 +73,9 @@ class TalkTrainer(GRPOTrainer):
         self.sampling = sampling
         self.ada_max_replays = ada_max_replays
         self.pack_seats = pack_seats  # a seat's two trained turns as one loss row (see ``to_rows``)
-        self.ada_draw_ahead = ada_draw_ahead  # play every replay round up front in one batch (credit.draw_with_replays)
+        self.ada_draw_ahead = (
+            ada_draw_ahead  # play every replay round up front in one batch (credit.draw_with_replays)
+        )
         self.judge = judge
         self.generator_factory = generator_factory
         self.last_rows = 0
@@ -92,16 +104,23 @@ class TalkTrainer(GRPOTrainer):
 
         def draw(indices: list[int]) -> list[list[Chat]]:
             flat = [problems[i] for i in indices for _ in range(g)]
-            chats, stats = play_chats(generator, self.processing_class, flat, self._seats(len(flat)),
-                                      self.sampling, self.judge)
+            chats, stats = play_chats(
+                generator, self.processing_class, flat, self._seats(len(flat)), self.sampling, self.judge
+            )
             for k, v in stats.items():
                 totals[k] = max(totals[k], v) if k == "longest_prompt" else totals[k] + v
             totals["chats_generated"] += len(chats)  # drawing ahead plays chats the rule may never reach
             return [chats[j * g : (j + 1) * g] for j in range(len(indices))]
 
         max_replays = self.ada_max_replays if self.plan.replay else 0
-        by_problem = draw_with_replays(draw, len(problems), per_round=g, max_replays=max_replays,
-                                       reward=lambda c: c.reward, ahead=self.ada_draw_ahead)
+        by_problem = draw_with_replays(
+            draw,
+            len(problems),
+            per_round=g,
+            max_replays=max_replays,
+            reward=lambda c: c.reward,
+            ahead=self.ada_draw_ahead,
+        )
         return by_problem, totals
 
     def _generate_and_score_completions(self, inputs: list[dict]) -> dict[str, torch.Tensor]:
@@ -140,16 +159,21 @@ class TalkTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering, with the fresh generation batch re-split by length (``group_by_length``)."""
         spg = self.args.steps_per_generation
-        fresh = self.model.training and (self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None)
+        fresh = self.model.training and (
+            self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None
+        )
         inputs = super()._prepare_inputs(generation_batch)
         if fresh and self.group_rows:
-            rows = {k: torch.cat([b[k] for b in self._buffered_inputs]) if k in ROW_KEYS else v
-                    for k, v in self._buffered_inputs[0].items()}
+            rows = {
+                k: torch.cat([b[k] for b in self._buffered_inputs]) if k in ROW_KEYS else v
+                for k, v in self._buffered_inputs[0].items()
+            }
             self._buffered_inputs = group_by_length(rows, spg, width_step_for(self.accelerator.device))
             m = self._metrics["train"]
             m["talk/loss_tokens"].append(float(rows["prompt_mask"].sum() + rows["completion_mask"].sum()))
-            m["talk/loss_tokens_padded"].append(float(sum(b["prompt_ids"].numel() + b["completion_ids"].numel()
-                                                          for b in self._buffered_inputs)))
+            m["talk/loss_tokens_padded"].append(
+                float(sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in self._buffered_inputs))
+            )
             inputs = self._buffered_inputs[self._step % spg]
         return inputs
 
@@ -167,7 +191,9 @@ class TalkTrainer(GRPOTrainer):
             self._rollout_logps = self._scored = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        out = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
         rollout, self._rollout_logps = self._rollout_logps, None
         if rollout is not None:
             valid = attention_mask[:, -logits_to_keep:].bool()
@@ -192,11 +218,17 @@ class TalkTrainer(GRPOTrainer):
             self._metrics["train"]["talk/logp_diff_mean"] = [d["sum"] / d["n"]]
             self._metrics["train"]["talk/logp_kl"] = [d["kl"] / d["n"]]
             if not math.isfinite(d["max"]):
-                raise FloatingPointError("non-finite log-probs in the rollout or the loss: the adapter holds NaN/inf "
-                                         "(a NaN gradient; see CUDNN_NAN_WIDTH); stopping rather than training on noise")
+                raise FloatingPointError(
+                    "non-finite log-probs in the rollout or the loss: the adapter holds NaN/inf "
+                    "(a NaN gradient; see CUDNN_NAN_WIDTH); stopping rather than training on noise"
+                )
             if d["kl"] / d["n"] > KL_TOLERANCE:
-                log.warning("KL(rollout || trainer) is %.2e a token (tolerance %.0e; max |log-prob gap| %.2f nats): the "
-                            "rollout engine may be sampling from other weights than the ones being trained",
-                            d["kl"] / d["n"], KL_TOLERANCE, d["max"])
+                log.warning(
+                    "KL(rollout || trainer) is %.2e a token (tolerance %.0e; max |log-prob gap| %.2f nats): the "
+                    "rollout engine may be sampling from other weights than the ones being trained",
+                    d["kl"] / d["n"],
+                    KL_TOLERANCE,
+                    d["max"],
+                )
             self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
         super().log(logs, start_time)

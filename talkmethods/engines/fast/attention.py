@@ -75,8 +75,9 @@ def _no_hole(device, n_rows: int) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _attend_columns(q, kc, vc, s_cs, lo, hi, m_i, l_i, acc, scale,
-                        D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
+    def _attend_columns(
+        q, kc, vc, s_cs, lo, hi, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr
+    ):
         """The online softmax over cache columns ``[lo, hi)``, folded into ``(m_i, l_i, acc)``."""
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK)
@@ -104,11 +105,48 @@ if triton is not None:
 
     @triton.jit
     def _decode_attention_kernel(
-        q_ptr, kn_ptr, vn_ptr, kc_ptr, vc_ptr, pad_ptr, hole_ptr, col_ptr, cos_ptr, sin_ptr, out_ptr, acc_ptr, ml_ptr, cnt_ptr,
-        s_qb, s_qh, s_qg, s_nb, s_nh, s_vb, s_vh, s_cb, s_ch, s_cs, s_ob, s_oh, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
-        chunk, scale, KV,
-        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr,
-        SPLITS: tl.constexpr, ROPE: tl.constexpr,
+        q_ptr,
+        kn_ptr,
+        vn_ptr,
+        kc_ptr,
+        vc_ptr,
+        pad_ptr,
+        hole_ptr,
+        col_ptr,
+        cos_ptr,
+        sin_ptr,
+        out_ptr,
+        acc_ptr,
+        ml_ptr,
+        cnt_ptr,
+        s_qb,
+        s_qh,
+        s_qg,
+        s_nb,
+        s_nh,
+        s_vb,
+        s_vh,
+        s_cb,
+        s_ch,
+        s_cs,
+        s_ob,
+        s_oh,
+        s_ab,
+        s_ah,
+        s_as,
+        s_mb,
+        s_mh,
+        s_ms,
+        chunk,
+        scale,
+        KV,
+        G: tl.constexpr,
+        GP: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK: tl.constexpr,
+        PREC: tl.constexpr,
+        SPLITS: tl.constexpr,
+        ROPE: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -134,8 +172,12 @@ if triton is not None:
         # the columns before the row's hole, then those after it (an empty hole is [0, 0))
         hole_lo = tl.load(hole_ptr + 2 * b)
         hole_hi = tl.load(hole_ptr + 2 * b + 1)
-        m_i, l_i, acc = _attend_columns(q, kc, vc, s_cs, lo, tl.minimum(hi, hole_lo), m_i, l_i, acc, scale, D, BLOCK, PREC)
-        m_i, l_i, acc = _attend_columns(q, kc, vc, s_cs, tl.maximum(lo, hole_hi), hi, m_i, l_i, acc, scale, D, BLOCK, PREC)
+        m_i, l_i, acc = _attend_columns(
+            q, kc, vc, s_cs, lo, tl.minimum(hi, hole_lo), m_i, l_i, acc, scale, D, BLOCK, PREC
+        )
+        m_i, l_i, acc = _attend_columns(
+            q, kc, vc, s_cs, tl.maximum(lo, hole_hi), hi, m_i, l_i, acc, scale, D, BLOCK, PREC
+        )
         if s == 0:  # the token itself, from the new K/V (no program reads column ``col`` from the cache)
             if ROPE:
                 kn = _rotated(kn_ptr, b * s_nb + h * s_nh, d, cs, sn, D, d < D).to(kn_ptr.dtype.element_ty)
@@ -176,8 +218,21 @@ if triton is not None:
                 tl.atomic_xchg(cnt_ptr + b * KV + h, 0)  # ready for the next launch
 
 
-def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: float, splits: int,
-                     hole=None, cos=None, sin=None, counters=None) -> torch.Tensor:
+def decode_attention(
+    q,
+    k_new,
+    v_new,
+    k_cache,
+    v_cache,
+    pad_start,
+    col,
+    scale: float,
+    splits: int,
+    hole=None,
+    cos=None,
+    sin=None,
+    counters=None,
+) -> torch.Tensor:
     """Attention of one new token per row over its cache columns and itself: (B, kv, g, d), ``q``'s dtype.
 
     ``q``: (B, kv, g, d); ``k_new``/``v_new``: (B, kv, d), written into column ``col`` (a (1,)
@@ -203,7 +258,9 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
     if hole is None:
         hole = _no_hole(q.device, n_rows)
     rope = cos is not None
-    if rope and (cos.shape != (n_rows, d) or sin.shape != (n_rows, d) or not (cos.is_contiguous() and sin.is_contiguous())):
+    if rope and (
+        cos.shape != (n_rows, d) or sin.shape != (n_rows, d) or not (cos.is_contiguous() and sin.is_contiguous())
+    ):
         raise ValueError("decode_attention's cos/sin are contiguous (rows, head dim) tables")
     if hole.shape != (n_rows, 2) or not hole.is_contiguous():
         raise ValueError("decode_attention's hole is a contiguous (rows, 2) tensor of [lo, hi) columns")
@@ -212,22 +269,59 @@ def decode_attention(q, k_new, v_new, k_cache, v_cache, pad_start, col, scale: f
     elif counters.dtype != torch.int32 or counters.numel() < n_rows * kv_heads:
         raise ValueError("decode_attention's counters are int32, one per (row, KV head)")
     _decode_attention_kernel[(n_rows, kv_heads, splits)](
-        q, k_new, v_new, k_cache, v_cache, pad_start, hole, col, cos if rope else q, sin if rope else q, out, acc, ml, counters,
-        q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
-        acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
-        chunk, scale, kv_heads, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK=BLOCK_N,
+        q,
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        pad_start,
+        hole,
+        col,
+        cos if rope else q,
+        sin if rope else q,
+        out,
+        acc,
+        ml,
+        counters,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        acc.stride(0),
+        acc.stride(1),
+        acc.stride(2),
+        ml.stride(0),
+        ml.stride(1),
+        ml.stride(2),
+        chunk,
+        scale,
+        kv_heads,
+        G=g,
+        GP=max(16, triton.next_power_of_2(g)),
+        D=d,
+        BLOCK=BLOCK_N,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 (the guard) stays fp32, not TF32
-        SPLITS=splits, ROPE=rope,
+        SPLITS=splits,
+        ROPE=rope,
     )
     return out
 
 
-def reference(q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float, hole=None, cos=None,
-              sin=None) -> torch.Tensor:
+def reference(
+    q, k_new, v_new, k_cache, v_cache, pad_start, col: int, scale: float, hole=None, cos=None, sin=None
+) -> torch.Tensor:
     """The same attention in plain torch (fp32): the tests' yardstick."""
     n_rows, kv_heads, g, d = q.shape
     if cos is not None:
+
         def turn(x, c, s):
             return x * c + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * s
 

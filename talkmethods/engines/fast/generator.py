@@ -81,13 +81,13 @@ class _Batch:
     """One batch on one weight set between ``_begin`` and ``_finish``: ``t`` tokens sampled so far."""
 
     prompts: list
-    weights: "FusedWeights"
+    weights: FusedWeights
     sampling: Sampling
     lane: tuple | None
     slots: _Slots
     graph: object
     columns: int
-    state: "_Lane | None"
+    state: _Lane | None
     end: int  # the first column the decode writes (after the prompts)
     t: int = 1
 
@@ -101,8 +101,15 @@ class FastGenerator(PlainGenerator):
     ``qwen2.ATTENTION_FORMS``; ``compile_ends=False`` leaves the step's two ends eager (an A/B).
     """
 
-    def __init__(self, model, tokenizer, graphs: bool | None = None, compile: bool | None = None,
-                 attention: str = "auto", compile_ends: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        graphs: bool | None = None,
+        compile: bool | None = None,
+        attention: str = "auto",
+        compile_ends: bool = True,
+    ):
         super().__init__(model, tokenizer)
         device = next(model.parameters()).device
         self.device = device
@@ -135,8 +142,15 @@ class FastGenerator(PlainGenerator):
         self.eos = torch.tensor(self.eos_ids, device=device)
         self.captures = 0
         # wall-clock split of the work done so far (synchronised at batch edges only)
-        self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "row_steps": 0, "capture_s": 0.0,
-                       "prompt_tokens": 0, "reused_tokens": 0}
+        self.timing = {
+            "prefill_s": 0.0,
+            "decode_s": 0.0,
+            "decode_steps": 0,
+            "row_steps": 0,
+            "capture_s": 0.0,
+            "prompt_tokens": 0,
+            "reused_tokens": 0,
+        }
         if compile:
             from torch import _dynamo
 
@@ -155,7 +169,11 @@ class FastGenerator(PlainGenerator):
         if form == "triton" and not da.available(self.device):
             raise ValueError("attention='triton' needs a CUDA device and the triton package")
         if form not in self._layers:
-            sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 132
+            sms = (
+                torch.cuda.get_device_properties(self.device).multi_processor_count
+                if self.device.type == "cuda"
+                else 132
+            )
             self._layers[form] = make_layer_step(self.arch, form, self._wrap, sms, self.compile_ends)
         return self._layers[form]
 
@@ -172,8 +190,9 @@ class FastGenerator(PlainGenerator):
             self.weights[True].refresh()
         self._lanes.clear()  # cached K/V of the old weights are not continued
 
-    def generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling,
-                 lane: str | None = None) -> list[list[int]]:
+    def generate(
+        self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling, lane: str | None = None
+    ) -> list[list[int]]:
         """Sample a completion per prompt (``PlainGenerator.generate``), keeping K/V per ``lane``.
 
         A lane is a sequence of turns over the same rows (``play_chats``: a seat). A prompt that starts
@@ -192,8 +211,12 @@ class FastGenerator(PlainGenerator):
         sets = [(on, [i for i, a in enumerate(adapter_on) if a == on]) for on in (True, False)]
         sets = [(on, rows) for on, rows in sets if rows]
         with torch.no_grad():
-            batches = [self._begin([prompts[i] for i in rows], self.weights[on], sampling,
-                                   None if lane is None else (lane, on)) for on, rows in sets]
+            batches = [
+                self._begin(
+                    [prompts[i] for i in rows], self.weights[on], sampling, None if lane is None else (lane, on)
+                )
+                for on, rows in sets
+            ]
             self._decode(batches)
             for (_, rows), batch in zip(sets, batches, strict=True):
                 toks, lps = self._finish(batch)
@@ -204,7 +227,7 @@ class FastGenerator(PlainGenerator):
 
     # -- one batch on one weight set ------------------------------------------------------------
 
-    def _begin(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None) -> "_Batch":
+    def _begin(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None) -> _Batch:
         """Set a batch up: its cache and graph, its prompts prefilled, its first token sampled."""
         n, steps = len(prompts), sampling.max_new_tokens
         rows = batch_bucket(n) if self.graphs else n
@@ -262,7 +285,7 @@ class FastGenerator(PlainGenerator):
         self.timing["prefill_s"] += time.perf_counter() - t0
         return _Batch(prompts, weights, sampling, lane, slots, graph, columns, state, base + width)
 
-    def _advance(self, b: "_Batch") -> bool:
+    def _advance(self, b: _Batch) -> bool:
         """One decode step of ``b``; whether it has more to do (every 16 steps it asks the device)."""
         if b.graph is not None:
             b.graph.replay()
@@ -271,7 +294,7 @@ class FastGenerator(PlainGenerator):
         b.t += 1
         return b.t < b.sampling.max_new_tokens and not (b.t % 16 == 0 and bool(b.slots.done.all()))
 
-    def _decode(self, batches: list["_Batch"]) -> None:
+    def _decode(self, batches: list[_Batch]) -> None:
         """Decode the batches to their ends, a step of each in turn.
 
         With CUDA graphs each batch replays on its own stream, so two batches' steps run at once: at a
@@ -298,7 +321,7 @@ class FastGenerator(PlainGenerator):
             self.timing["decode_steps"] += b.t - 1
             self.timing["row_steps"] += (b.t - 1) * len(b.prompts)
 
-    def _finish(self, b: "_Batch"):
+    def _finish(self, b: _Batch):
         """A decoded batch's completions and log-probs (trimmed); what its lane may continue next turn."""
         prompts, slots, lane, state, n, t = b.prompts, b.slots, b.lane, b.state, len(b.prompts), b.t
         if not bool(slots.out_logp[:n].isfinite().all()):
@@ -306,16 +329,21 @@ class FastGenerator(PlainGenerator):
         trimmed = self._trim(slots.out_tok[:n].cpu())
         lps = slots.out_logp[:n].tolist()
         if lane is not None and state is None:  # what the next turn of this lane may continue
-            self._lanes[lane] = _Lane(n=n, starts=slots.pad_start[:n].tolist(),
-                                      tokens=[p + c[:-1] for p, c in zip(prompts, trimmed, strict=True)],
-                                      end=b.end + t - 1)
+            self._lanes[lane] = _Lane(
+                n=n,
+                starts=slots.pad_start[:n].tolist(),
+                tokens=[p + c[:-1] for p, c in zip(prompts, trimmed, strict=True)],
+                end=b.end + t - 1,
+            )
         return trimmed, [lp[: len(t)] for lp, t in zip(lps, trimmed, strict=True)]
 
     def _continues(self, state: _Lane | None, prompts) -> tuple[_Lane, list[int]] | None:
         """The lane state and each row's cached length, if any row's prompt continues what is cached."""
         if state is None or state.n != len(prompts):
             return None
-        cached = [len(t) if len(p) > len(t) and p[: len(t)] == t else 0 for p, t in zip(prompts, state.tokens, strict=True)]
+        cached = [
+            len(t) if len(p) > len(t) and p[: len(t)] == t else 0 for p, t in zip(prompts, state.tokens, strict=True)
+        ]
         return (state, cached) if any(cached) else None
 
     def _sync(self) -> None:
@@ -335,9 +363,22 @@ class FastGenerator(PlainGenerator):
         """One decode step, all on the device (captured as one CUDA graph on a GPU)."""
         u = slots.u.index_select(0, slots.step.clamp(max=slots.steps - 1))[0]
         nxt, logp, k, v = decode_math(
-            self._layer_for(slots.tok.size(0)), weights.tensors, weights.inv_freq, weights.rope_scale, self.arch.eps, slots.tok, slots.pos,
-            slots.col, slots.pad_start, slots.hole, u, slots.k[:, :, :, :columns], slots.v[:, :, :, :columns], sampling,
-            slots.counters)
+            self._layer_for(slots.tok.size(0)),
+            weights.tensors,
+            weights.inv_freq,
+            weights.rope_scale,
+            self.arch.eps,
+            slots.tok,
+            slots.pos,
+            slots.col,
+            slots.pad_start,
+            slots.hole,
+            u,
+            slots.k[:, :, :, :columns],
+            slots.v[:, :, :, :columns],
+            sampling,
+            slots.counters,
+        )
         if k is not None:
             slots.k.index_copy_(3, slots.col, k[:, :, :, None])
             slots.v.index_copy_(3, slots.col, v[:, :, :, None])
@@ -357,9 +398,21 @@ class FastGenerator(PlainGenerator):
             pad, hole = slots.pad_start[s : s + chunk, None, None], slots.hole[s : s + chunk, None]
             seen = visible(cols, pad, hole[..., :1], hole[..., 1:], query_col[:, None] + 1)
             allowed = seen | (cols == query_col[:, None])  # a padding query sees itself: no softmax row is empty
-            logits.append(extend_math(weights.tensors, weights.inv_freq, ids[s : s + chunk], positions[s : s + chunk],
-                                      allowed, slots.k[:, s : s + chunk], slots.v[:, s : s + chunk], base, self.arch,
-                                      weights.rope_scale, self._extend_layer))
+            logits.append(
+                extend_math(
+                    weights.tensors,
+                    weights.inv_freq,
+                    ids[s : s + chunk],
+                    positions[s : s + chunk],
+                    allowed,
+                    slots.k[:, s : s + chunk],
+                    slots.v[:, s : s + chunk],
+                    base,
+                    self.arch,
+                    weights.rope_scale,
+                    self._extend_layer,
+                )
+            )
         return torch.cat(logits)
 
     def _prefill(self, weights: FusedWeights, ids, mask, slots: _Slots) -> torch.Tensor:
@@ -367,8 +420,15 @@ class FastGenerator(PlainGenerator):
         chunk = max(1, PREFILL_TOKENS // width)
         logits = []
         for s in range(0, ids.size(0), chunk):
-            lg, k, v = prefill_math(weights.tensors, weights.inv_freq, ids[s : s + chunk], mask[s : s + chunk],
-                                    self.arch, weights.rope_scale, self._prefill_layer)
+            lg, k, v = prefill_math(
+                weights.tensors,
+                weights.inv_freq,
+                ids[s : s + chunk],
+                mask[s : s + chunk],
+                self.arch,
+                weights.rope_scale,
+                self._prefill_layer,
+            )
             slots.k[:, s : s + chunk, :, :width] = k
             slots.v[:, s : s + chunk, :, :width] = v
             logits.append(lg)
@@ -398,8 +458,15 @@ class FastGenerator(PlainGenerator):
             self._slots[key] = slots
         return slots
 
-    def _graph_for(self, slots: _Slots, rows: int, columns: int, weights: FusedWeights, sampling: Sampling,
-                   lane: tuple | None = None):
+    def _graph_for(
+        self,
+        slots: _Slots,
+        rows: int,
+        columns: int,
+        weights: FusedWeights,
+        sampling: Sampling,
+        lane: tuple | None = None,
+    ):
         key = ((rows, lane), columns, weights.adapter, sampling.temperature, sampling.top_k, sampling.top_p)
         graph = self._graphs.get(key)
         if graph is not None:

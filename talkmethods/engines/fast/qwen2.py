@@ -54,8 +54,7 @@ def _rotate(x, cos, sin):
 ATTENTION_FORMS = ("matmul", "sdpa", "triton")  # the forms ``attention="auto"`` chooses from
 
 
-def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms: int = 132,
-                    compile_ends: bool = True):
+def make_layer_step(arch: Arch, attention: str = "matmul", compile_fn=None, sms: int = 132, compile_ends: bool = True):
     """``_layer_step``'s layer; with ``compile_fn`` it also carries the step's two ends compiled (``ends``).
 
     The ends (embedding and RoPE tables; the final norm and the LM head) are ~20 small launches a
@@ -100,13 +99,16 @@ def _layer_step(arch: Arch, attention: str, compile_fn, sms: int):
         return _mlp_residual(x, post_norm, gu_w, down_w, eps)
 
     if attention == "sdpa":
+
         def attend(x, q, allowed, k_cache, v_cache, o_w, post_norm, gu_w, down_w):
             att = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=allowed, scale=scale)
             return finish(x, att, o_w, post_norm, gu_w, down_w)
 
         project_c, attend_c = wrap(project), wrap(attend)
 
-        def layer_step(x, cos, sin, allowed, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        def layer_step(
+            x, cos, sin, allowed, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w
+        ):
             q, k, v = project_c(x, cos, sin, in_norm, qkv_w, qkv_b)
             k_cache.index_copy_(2, col, k[:, :, None])
             v_cache.index_copy_(2, col, v[:, :, None])
@@ -132,11 +134,15 @@ def _layer_step(arch: Arch, attention: str, compile_fn, sms: int):
 
         project_c, finish_c = wrap(project_raw), wrap(finish_apart)
 
-        def layer_step(carry, cos, sin, bounds, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w):
+        def layer_step(
+            carry, cos, sin, bounds, col, k_cache, v_cache, in_norm, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w
+        ):
             x, q, k, v = project_c(*carry, in_norm, qkv_w, qkv_b)
             splits = da.split_count(x.size(0), kv_heads, k_cache.size(2), sms)
             pad_start, hole, counters = bounds
-            att = da.decode_attention(q, k, v, k_cache, v_cache, pad_start, col, scale, splits, hole, cos, sin, counters)
+            att = da.decode_attention(
+                q, k, v, k_cache, v_cache, pad_start, col, scale, splits, hole, cos, sin, counters
+            )
             return finish_c(x, att, o_w, post_norm, gu_w, down_w), None, None
 
         layer_step.sees_own_column = True
@@ -176,8 +182,23 @@ def head_logits(x, delta, norm_w, head_w, eps: float):
     return F.linear(_rms_norm(x, norm_w, eps), head_w)
 
 
-def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, eps: float, tok, pos, col,
-                pad_start, hole, u, k_cache, v_cache, sampling: Sampling, counters=None):
+def decode_math(
+    layer_step,
+    w: list[torch.Tensor],
+    inv_freq,
+    rope_scale: float,
+    eps: float,
+    tok,
+    pos,
+    col,
+    pad_start,
+    hole,
+    u,
+    k_cache,
+    v_cache,
+    sampling: Sampling,
+    counters=None,
+):
     """One decode step for every row: the new token's K/V, the next token and its log-prob.
 
     ``tok``/``pos``/``pad_start``/``u``: (B,) current token, its RoPE position, the row's first real
@@ -195,7 +216,9 @@ def decode_math(layer_step, w: list[torch.Tensor], inv_freq, rope_scale: float, 
         mask = (pad_start, hole, counters)
     else:
         cols = torch.arange(k_cache.size(3), device=tok.device)
-        seen = visible(cols[None, :], pad_start[:, None], hole[:, :1], hole[:, 1:], col + 1 if own else col)[:, None, None, :]
+        seen = visible(cols[None, :], pad_start[:, None], hole[:, :1], hole[:, 1:], col + 1 if own else col)[
+            :, None, None, :
+        ]
         mask = seen if own else ~seen  # the sdpa form takes the columns it may see, the others those it may not
     carries = getattr(layer_step, "carries_residual", False)
     if carries:
@@ -244,7 +267,9 @@ def _prompt_pieces(arch: Arch):
 
     def attend(x, q, k, v, allowed, o_w, post_norm, gu_w, down_w):
         n_rows, width = x.shape[0], x.shape[1]
-        att = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=allowed)
+        att = F.scaled_dot_product_attention(
+            q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=allowed
+        )
         x = x + F.linear(att.transpose(1, 2).reshape(n_rows, width, heads * d), o_w)
         return _mlp_residual(x, post_norm, gu_w, down_w, eps)
 
@@ -291,8 +316,19 @@ def prefill_math(w: list[torch.Tensor], inv_freq, ids, mask, arch: Arch, rope_sc
     return logits, torch.stack(ks), torch.stack(vs)
 
 
-def extend_math(w: list[torch.Tensor], inv_freq, ids, positions, allowed, k_cache, v_cache, start: int, arch: Arch,
-                rope_scale: float, layer) -> torch.Tensor:
+def extend_math(
+    w: list[torch.Tensor],
+    inv_freq,
+    ids,
+    positions,
+    allowed,
+    k_cache,
+    v_cache,
+    start: int,
+    arch: Arch,
+    rope_scale: float,
+    layer,
+) -> torch.Tensor:
     """Forward of left-padded new prompt tokens ``ids`` (B, W) over cached K/V: last-position logits.
 
     ``positions``: (B, W) RoPE positions (the cached prefix's length onwards); ``allowed``: (B, W,
@@ -302,5 +338,7 @@ def extend_math(w: list[torch.Tensor], inv_freq, ids, positions, allowed, k_cach
     x = F.embedding(ids, w[-2])
     cos, sin = _rope_tables(inv_freq, rope_scale, positions, x.dtype)
     for i in range(arch.layers):
-        x = layer(x, cos[:, None], sin[:, None], allowed[:, None], k_cache[i], v_cache[i], start, *w[7 * i : 7 * i + 7])
+        x = layer(
+            x, cos[:, None], sin[:, None], allowed[:, None], k_cache[i], v_cache[i], start, *w[7 * i : 7 * i + 7]
+        )
     return F.linear(_rms_norm(x[:, -1], w[-3], arch.eps), w[-1])

@@ -52,8 +52,19 @@ if triton is not None:
         tl.store(stats_ptr + (b * NC + c) * 2 + 1, tl.sum(tl.exp(x - m), 0))
 
     @triton.jit
-    def _pick(logits_ptr, stats_ptr, u_ptr, tok_ptr, logp_ptr, V, s_lb, temperature, NC,
-              CHUNK: tl.constexpr, NCP: tl.constexpr):
+    def _pick(
+        logits_ptr,
+        stats_ptr,
+        u_ptr,
+        tok_ptr,
+        logp_ptr,
+        V,
+        s_lb,
+        temperature,
+        NC,
+        CHUNK: tl.constexpr,
+        NCP: tl.constexpr,
+    ):
         b = tl.program_id(0)
         c = tl.arange(0, NCP)
         ok = c < NC
@@ -76,18 +87,33 @@ if triton is not None:
         tl.store(logp_ptr + b, tl.sum(tl.where(j == k, x, 0.0), 0) - top - tl.log(total))
 
 
-def sample_with_logprob(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_with_logprob(
+    logits: torch.Tensor, temperature: float, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``sampling.sample_with_logprob(logits, temperature, 0, 1.0, u)``: (B,) tokens (int64) and log-probs (fp32)."""
     rows, vocab = logits.shape
     if logits.stride(1) != 1 or u.shape != (rows,):
-        raise ValueError("the Triton sampler takes (rows, vocab) logits with the vocab contiguous and a uniform per row")
+        raise ValueError(
+            "the Triton sampler takes (rows, vocab) logits with the vocab contiguous and a uniform per row"
+        )
     chunks = -(-vocab // CHUNK)
     stats = torch.empty(rows, chunks, 2, dtype=torch.float32, device=logits.device)
     tok = torch.empty(rows, dtype=torch.long, device=logits.device)
     logp = torch.empty(rows, dtype=torch.float32, device=logits.device)
     _chunk_stats[(rows, chunks)](logits, stats, vocab, logits.stride(0), float(temperature), chunks, CHUNK=CHUNK)
-    _pick[(rows,)](logits, stats, u, tok, logp, vocab, logits.stride(0), float(temperature), chunks,
-                   CHUNK=CHUNK, NCP=max(16, triton.next_power_of_2(chunks)))
+    _pick[(rows,)](
+        logits,
+        stats,
+        u,
+        tok,
+        logp,
+        vocab,
+        logits.stride(0),
+        float(temperature),
+        chunks,
+        CHUNK=CHUNK,
+        NCP=max(16, triton.next_power_of_2(chunks)),
+    )
     return tok, logp
 
 

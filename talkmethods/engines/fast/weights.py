@@ -25,12 +25,19 @@ class Arch:
     eps: float
 
     @classmethod
-    def of(cls, config) -> "Arch":
+    def of(cls, config) -> Arch:
         if getattr(config, "model_type", None) not in ("qwen2",):
-            raise ValueError(f"the fast engine runs Qwen2-architecture models, not {config.model_type!r}: set train.engine and eval.engine to loop")
+            raise ValueError(
+                f"the fast engine runs Qwen2-architecture models, not {config.model_type!r}: set train.engine and eval.engine to loop"
+            )
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, head_dim,
-                   config.rms_norm_eps)
+        return cls(
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim,
+            config.rms_norm_eps,
+        )
 
 
 def _base_model(model):
@@ -71,10 +78,15 @@ class FusedWeights:
                 att, mlp = layer.self_attn, layer.mlp
                 qkv_w, qkv_b = self._cat([att.q_proj, att.k_proj, att.v_proj])
                 gu_w, _ = self._cat([mlp.gate_proj, mlp.up_proj])
-                self.tensors += [layer.input_layernorm.weight, qkv_w, qkv_b,
-                                 _effective_weight(att.o_proj, adapter)[0].clone(),
-                                 layer.post_attention_layernorm.weight, gu_w,
-                                 _effective_weight(mlp.down_proj, adapter)[0].clone()]
+                self.tensors += [
+                    layer.input_layernorm.weight,
+                    qkv_w,
+                    qkv_b,
+                    _effective_weight(att.o_proj, adapter)[0].clone(),
+                    layer.post_attention_layernorm.weight,
+                    gu_w,
+                    _effective_weight(mlp.down_proj, adapter)[0].clone(),
+                ]
             self.tensors += [hf.model.norm.weight, hf.model.embed_tokens.weight, hf.lm_head.weight]
         rope = hf.model.rotary_emb
         self.inv_freq = rope.inv_freq.float().clone()
@@ -83,8 +95,12 @@ class FusedWeights:
     def _cat(self, linears) -> tuple[torch.Tensor, torch.Tensor]:
         ws, bs = zip(*(_effective_weight(lin, self.adapter) for lin in linears), strict=True)
         w = torch.cat(ws, 0)
-        b = torch.cat([bb if bb is not None else torch.zeros(ww.size(0), dtype=ww.dtype, device=ww.device)
-                       for ww, bb in zip(ws, bs, strict=True)])
+        b = torch.cat(
+            [
+                bb if bb is not None else torch.zeros(ww.size(0), dtype=ww.dtype, device=ww.device)
+                for ww, bb in zip(ws, bs, strict=True)
+            ]
+        )
         return w, b
 
     @torch.no_grad()
