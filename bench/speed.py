@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from talkmethods.atomic import write_json  # noqa: E402
 from talkmethods.engines import ENGINES  # noqa: E402
@@ -406,15 +407,18 @@ def _kind(name: str) -> str:
 
 
 def _train_config(arm: str, spec: ModelSpec, args, steps: int):
-    """The recipe's training settings for ``arm`` at the bench's sizes, on the fast engine."""
-    from talkmethods.training.build import TrainConfig
+    """The recipe's training settings for ``arm`` (config.yaml's) at the bench's sizes, on the fast engine."""
+    import dataclasses
 
-    return TrainConfig(
-        arm=arm,
-        seed=17,
+    from talkmethods.config import load_config, train_params
+    from talkmethods.recipe import TrainConfig
+
+    recipe = TrainConfig.from_params(train_params(load_config([str(REPO / "config.yaml")]), arm, 17))
+    return dataclasses.replace(
+        recipe,
         model=spec,
         steps=steps,
-        sampling=Sampling(max_new_tokens=args.turn_tokens),
+        sampling=dataclasses.replace(recipe.sampling, max_new_tokens=args.turn_tokens),
         save_every=10_000,
         engine="fast",
         micro_batches=args.micro_batches,
