@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import speed  # noqa: E402
 
-from talkmethods.engines.fast import FastGenerator  # noqa: E402
 from talkmethods.engines.fast import attention as da  # noqa: E402
 from talkmethods.engines.fast import sampler as ds  # noqa: E402
+from talkmethods.engines.fast.generator import FastGenerator  # noqa: E402
 from talkmethods.engines.sampling import Sampling  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer  # noqa: E402
 

@@ -44,10 +44,12 @@ sys.path.insert(0, str(REPO))
 
 from talkmethods.atomic import write_json  # noqa: E402
 from talkmethods.engines import ENGINES  # noqa: E402
-from talkmethods.engines.fast import FastGenerator  # noqa: E402
 from talkmethods.engines.fast import attention as da  # noqa: E402
 from talkmethods.engines.fast import sampler as ds  # noqa: E402
-from talkmethods.engines.fast.generator import batch_bucket  # noqa: E402
+from talkmethods.engines.fast.generator import (
+    FastGenerator,  # noqa: E402
+    batch_bucket,  # noqa: E402
+)
 from talkmethods.engines.plain import PlainGenerator  # noqa: E402
 from talkmethods.engines.sampling import Sampling, sample_with_logprob  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype  # noqa: E402

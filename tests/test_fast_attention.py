@@ -61,7 +61,7 @@ print("MAXDIFF", worst)
 ENGINE_CHECK = """
 import torch
 from tests.test_fast_engine import _lora, _logprobs_at_temperature, _prompts, GREEDY
-from talkmethods.engines.fast import FastGenerator
+from talkmethods.engines.fast.generator import FastGenerator
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec, load_model, load_tokenizer

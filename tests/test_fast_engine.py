@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from talkmethods.engines.fast import FastGenerator
-from talkmethods.engines.fast.generator import COLUMN_BUCKET, batch_bucket
+from talkmethods.engines.fast.generator import COLUMN_BUCKET, FastGenerator, batch_bucket
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec, load_model

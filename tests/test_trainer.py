@@ -438,7 +438,7 @@ def test_controls_do_not_pass_the_margin(scale, tmp_path, record_property):
 
 def _fast_run(tmp_path, stale: bool, pack: bool = False):
     from talkmethods.engines import ENGINES
-    from talkmethods.engines.fast import FastGenerator
+    from talkmethods.engines.fast.generator import FastGenerator
 
     cfg = train_config(
         arm="grpo",

@@ -35,7 +35,7 @@ class Generator(Protocol):
 
 
 def _fast(model, tokenizer) -> Generator:
-    from talkmethods.engines.fast import FastGenerator
+    from talkmethods.engines.fast.generator import FastGenerator
 
     return FastGenerator(model, tokenizer)
 

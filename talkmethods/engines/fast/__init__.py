@@ -30,9 +30,6 @@ On a CPU (tests, the offline default) the same maths runs eagerly, without compi
 
 Modules: ``weights`` (the fused copies), ``qwen2`` (the model maths as functions of tensors),
 ``generator`` (``FastGenerator``: buffers, lanes, graphs), ``attention`` and ``sampler`` (the Triton
-kernels). Importing this package imports them all; ``engines.ENGINES`` does so only for ``fast``.
+kernels). The package imports none of them itself (so a module here never waits on a half-imported
+package); ``engines.ENGINES`` imports ``generator`` only for ``fast``.
 """
-
-from talkmethods.engines.fast.generator import FastGenerator
-
-__all__ = ["FastGenerator"]
