@@ -531,34 +531,30 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
         "noise_floor": {"what": f"eager, {n} vs {len(finer)} micro-batches", "grad_rel_diff": rel(grads_f)},
     }
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def measured(first_digits: int) -> dict:
+        """The patched step: its first call (compile, autotune), then a warm one timed, against eager."""
+        _, first = _timed(step)
+        step()
+        (loss, grads), wall = _timed(step)
+        return {
+            "wall_s": round(wall, 3),
+            "first_step_s": round(first, first_digits),
+            "loss": loss,
+            "grad_rel_diff": rel(grads),
+        }
+
     if args.train_liger:  # Liger's fused RMSNorm, SwiGLU and RoPE patched into the model (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
         apply_liger_kernel_to_qwen2(
             rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=base
         )
-        _, first = _timed(step)
-        step()
-        (loss_l, grads_l), wall_l = _timed(step)
-        out["liger"] = {
-            "wall_s": round(wall_l, 3),
-            "first_step_s": round(first, 2),
-            "loss": loss_l,
-            "grad_rel_diff": rel(grads_l),
-        }
+        out["liger"] = measured(2)
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
-        _, first = _timed(step)
-        step()
-        (loss_c, grads_c), wall_c = _timed(step)
-        out["compiled_layers"] = {
-            "wall_s": round(wall_c, 3),
-            "first_step_s": round(first, 1),
-            "loss": loss_c,
-            "grad_rel_diff": rel(grads_c),
-            "with_liger": bool(args.train_liger),
-        }
+        out["compiled_layers"] = {**measured(1), "with_liger": bool(args.train_liger)}
     return out
 
 

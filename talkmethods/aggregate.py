@@ -63,25 +63,6 @@ SUMMARY_FORMAT = "talkmethods.summary/1"
 KINDS = RUN_EVAL_KINDS
 """Trained eval kinds read per arm and seed, in card order."""
 KIND_FILES = {kind: spec["file"] for kind, spec in EVAL_KINDS.items()}
-CSV_COLUMNS = [
-    "arm",
-    "seed",
-    "kind",
-    "team_accuracy",
-    "both_right",
-    "a_accuracy",
-    "b_accuracy",
-    "no_box_rate",
-    "chars_A",
-    "chars_B",
-    "partner_use_A",
-    "partner_use_B",
-    "learned",
-    "p_value",
-    "chats_drawn_per_step",
-    "gen_s",
-    "train_s",
-]
 FIGURES = [
     "team_accuracy",
     "both_right",
@@ -94,6 +75,7 @@ FIGURES = [
     "partner_use_B",
 ]
 """The per-eval figures of a CSV row, in column order."""
+CSV_COLUMNS = ["arm", "seed", "kind", *FIGURES, "learned", "p_value", "chats_drawn_per_step", "gen_s", "train_s"]
 
 
 class ResultsError(ValueError):
