@@ -408,7 +408,7 @@ def _kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
 
-def _train_config(arm: str, spec: ModelSpec, args, steps: int):
+def _train_config(arm: str, spec: ModelSpec, args, steps: int, liger: bool | None = None):
     """The recipe's training settings for ``arm`` (config.yaml's) at the bench's sizes, on the fast engine."""
     import dataclasses
 
@@ -429,6 +429,7 @@ def _train_config(arm: str, spec: ModelSpec, args, steps: int):
         problems_per_step=args.problems_per_step,
         ada_draw_ahead=args.ada_draw_ahead,
         pack_seats=args.pack_seats,
+        liger_kernels=recipe.liger_kernels if liger is None else liger,
     )
 
 
@@ -495,7 +496,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
         "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top],
     }
-    if args.train_compile or args.train_liger:
+    if args.grad_check or args.train_compile or args.train_liger:
         res.update(_train_variants(model, batch, parts, step, device, args))
     log.info("%s", res)
     trainer = model = None  # (not del: step() names them)
@@ -504,31 +505,58 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
 
 
 def _train_variants(model, batch, parts, step, device, args) -> dict:
-    """Experiments on the profiled step: its gradients against eager's own noise floor.
+    """Experiments on the profiled step: their gradients against eager's own spread and an fp32 reference.
 
     Random weights score 0 everywhere, so the advantages are set non-zero to make the comparison bite.
-    The noise floor is two eager runs that differ only in reduction order: the same rows cut into
-    twice as many micro-batches (other matmul shapes, so other kernels and summation orders).
+    Eager's noise floor: the same rows in other reduction orders (twice and half as many micro-batches,
+    the micro-batches in reverse order): other matmul shapes and summation orders, the same maths. The
+    fp32 reference is the same step with every weight in fp32 (then cast back: bf16 -> fp32 -> bf16 is
+    exact); each variant's distance to it says whether a variant is less exact than eager bf16, which
+    a distance to one eager run alone cannot.
     """
     from talkmethods.training.rows import group_by_length, width_step_for
 
     n = len(parts)
+    width = width_step_for(device)
     batch["advantages"] = torch.linspace(-1, 1, batch["advantages"].numel(), device=device).view_as(
         batch["advantages"]
     )
-    parts[:] = group_by_length(batch, n, width_step_for(device))
+
+    def split(k: int, reverse: bool = False) -> None:
+        parts[:] = group_by_length(batch, k, width)
+        if reverse:
+            parts.reverse()
+
+    split(n)
     (loss_e, grads_e), wall_e = _timed(step)
+    eager_runs = {f"eager, {n} micro-batches": grads_e}
+    for k, rev in ((2 * n, False), (max(n // 2, 1), False), (n, True)):
+        split(k, rev)
+        eager_runs[f"eager, {k} micro-batches" + (", reversed" if rev else "")] = step()[1]
+    # fp32 reference: every parameter in fp32 for one step (8 micro-batches: fp32 activations are twice as big)
+    dtypes = {name: p.dtype for name, p in model.named_parameters()}
+    model.float()
+    split(max(2 * n, 8))
+    _, grads_32 = step()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.data = p.data.to(dtypes[name])
+    split(n)
 
-    def rel(g):
-        return float((g - grads_e).norm() / grads_e.norm().clamp(min=1e-30))
+    def rel(g, ref):
+        return float((g - ref).norm() / ref.norm().clamp(min=1e-30))
 
-    finer = group_by_length(batch, 2 * n, width_step_for(device))
-    parts[:] = finer
-    (_, grads_f), _ = _timed(step)
-    parts[:] = group_by_length(batch, n, width_step_for(device))
     out = {
         "eager": {"wall_s": round(wall_e, 3), "loss": loss_e},
-        "noise_floor": {"what": f"eager, {n} vs {len(finer)} micro-batches", "grad_rel_diff": rel(grads_f)},
+        "eager_pairs": [
+            {"what": f"{name} vs eager, {n}", "grad_rel_diff": rel(g, grads_e)}
+            for name, g in list(eager_runs.items())[1:]
+        ],
+        "vs_fp32": {name: rel(g, grads_32) for name, g in eager_runs.items()},
+    }
+    out["noise_floor"] = {
+        "what": "the largest of " + "; ".join(p["what"] for p in out["eager_pairs"]),
+        "grad_rel_diff": max(p["grad_rel_diff"] for p in out["eager_pairs"]),
     }
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -541,16 +569,24 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
             "wall_s": round(wall, 3),
             "first_step_s": round(first, first_digits),
             "loss": loss,
-            "grad_rel_diff": rel(grads),
+            "grad_rel_diff": rel(grads, grads_e),
+            "grad_rel_diff_fp32": rel(grads, grads_32),
         }
 
-    if args.train_liger:  # Liger's fused RMSNorm, SwiGLU and RoPE patched into the model (not the LM head or loss)
+    if args.train_liger:  # Liger's kernels patched in one at a time, cumulatively (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
-        apply_liger_kernel_to_qwen2(
-            rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=base
-        )
-        out["liger"] = measured(2)
+        pieces = {}
+        for piece in ("rms_norm", "swiglu", "rope"):
+            pieces[piece] = True
+            apply_liger_kernel_to_qwen2(
+                **{k: k in pieces for k in ("rope", "rms_norm", "swiglu")},
+                cross_entropy=False,
+                fused_linear_cross_entropy=False,
+                model=base,
+            )
+            out["liger_" + "+".join(pieces)] = measured(2)
+        out["liger"] = out["liger_" + "+".join(pieces)]
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
@@ -564,8 +600,8 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
     from talkmethods.training.runs import StepLog
 
     rows = []
-    for arm in args.arms:
-        cfg = _train_config(arm, spec, args, steps=args.steps)
+    for (variant, liger), arm in ((v, arm) for v in args.arms_liger for arm in args.arms):
+        cfg = _train_config(arm, spec, args, steps=args.steps, liger=liger)
         log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
         log_path.unlink(missing_ok=True)
         trainer = build_trainer(
@@ -580,6 +616,8 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
             rows.append(
                 {
                     "arm": arm,
+                    "variant": variant,
+                    "liger": trainer.liger,
                     "step": s["step"],
                     "chats": s["chats_drawn"],
                     "chats_generated": s.get("chats_generated", s["chats_drawn"]),
@@ -650,6 +688,8 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
     per_arm = {}
     for arm in args.arms:
         steps = [r for r in arm_rows if r["arm"] == arm]
+        if not steps:
+            return {}
         steady = steps[1:] or steps
         step_s = sum(r["gen_s"] + r["train_s"] for r in steady) / len(steady)
         first_extra = max(steps[0]["gen_s"] + steps[0]["train_s"] - step_s, 0.0)
@@ -700,6 +740,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms of the arms section")
     ap.add_argument(
+        "--arms-liger",
+        choices=("config", "both", "off"),
+        default="config",
+        help="the arms' training forward: config.yaml's train.liger_kernels, 'off' (eager), or 'both' (eager first): "
+        "today's and the new step times in one run",
+    )
+    ap.add_argument(
         "--micro-batches",
         type=int,
         default=None,
@@ -709,6 +756,11 @@ def main(argv: list[str] | None = None) -> None:
         "--train-compile",
         action="store_true",
         help="experiment: also time the profiled training step with every decoder layer torch.compile'd",
+    )
+    ap.add_argument(
+        "--grad-check",
+        action="store_true",
+        help="the profiled step's gradients in several eager reduction orders and in fp32 (implied by the two below)",
     )
     ap.add_argument(
         "--train-liger",
@@ -724,6 +776,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     q = args.quick
     args.arms = args.arms.split(",")
+    eager, config = ("eager", False), ("config", None)
+    args.arms_liger = {"config": [config], "both": [eager, config], "off": [eager]}[args.arms_liger]
     args.batches = [int(b) for b in args.batches.split(",")] if args.batches else ([4, 8] if q else [32, 600])
     args.attention = args.attention.split(",")
     args.turn_tokens = 8 if q else 256
@@ -792,8 +846,12 @@ def main(argv: list[str] | None = None) -> None:
             )
         save()
     shutil.rmtree(work, ignore_errors=True)
-    if "arms" in res and "eval" in res:
-        res["projection"] = project(res["arms"], res["eval"], args)
+    if "arms" in res and "eval" in res:  # one projection per training forward the arms ran with
+        for variant in sorted({r["variant"] for r in res["arms"]}):
+            rows = [r for r in res["arms"] if r["variant"] == variant]
+            key = "projection" + ("" if variant == "config" else "_eager")
+            res[key] = project(rows, res["eval"], args)
+            res[key]["liger"] = rows[0]["liger"]
     res["bench_wall_s"] = round(time.perf_counter() - t_start, 1)
     save()
     print(table(res))
@@ -857,11 +915,11 @@ def table(res: dict) -> str:
         lines.append("")
     if "arms" in res:
         lines += [
-            "| arm | step | chats used / played | turns / loss rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| arm | Liger | step | chats used / played | turns / loss rows | tok/turn | gen s | train s | max Δlogp | peak GiB | ms/step |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         lines += [
-            f"| {r['arm']} | {r['step']} | {r['chats']:.0f} / {r['chats_generated']:.0f} | {r['rows']:.0f} / {r['loss_rows']:.0f} | {r['tokens_per_turn']:.0f} | "
+            f"| {r['arm']} | {'yes' if r.get('liger') else 'no'} | {r['step']} | {r['chats']:.0f} / {r['chats_generated']:.0f} | {r['rows']:.0f} / {r['loss_rows']:.0f} | {r['tokens_per_turn']:.0f} | "
             f"{r['gen_s']:.2f} | {r['train_s']:.2f} | {r['logp_diff_max']} | {r['peak_gib']} | "
             f"{r['decode_ms_per_step']} |"
             for r in res["arms"]
@@ -887,19 +945,26 @@ def table(res: dict) -> str:
         lines += [f"- {k['ms']} ms in {k['calls']} calls: {k['kernel']}" for k in t["top"]]
         if "noise_floor" in t:
             lines += [
-                f"- gradient check (non-zero advantages; relative gradient norm against eager {t['eager']['wall_s']} s): "
-                f"noise floor ({t['noise_floor']['what']}) {t['noise_floor']['grad_rel_diff']:.2e}"
+                f"- gradient check (non-zero advantages; relative gradient norm against eager {t['eager']['wall_s']} s "
+                "and against the same step in fp32):",
+                "",
+                "| variant | s a step | from eager | from fp32 |",
+                "|---|---:|---:|---:|",
             ]
-            for name, label in (
-                ("liger", "Liger RMSNorm + SwiGLU + RoPE"),
-                ("compiled_layers", "decoder layers torch.compile'd"),
-            ):
-                if name in t:
-                    c = t[name]
-                    lines += [
-                        f"- {label}: {c['wall_s']} s a step (first {c['first_step_s']} s), loss {c['loss']:.6g} "
-                        f"against {t['eager']['loss']:.6g}, gradients {c['grad_rel_diff']:.2e} from eager"
-                    ]
+            first = next(iter(t["vs_fp32"]))
+            lines.append(f"| {first} | {t['eager']['wall_s']} | — | {t['vs_fp32'][first]:.2e} |")
+            for p in t.get("eager_pairs", []):
+                name = p["what"].split(" vs ")[0]
+                lines.append(f"| {name} | | {p['grad_rel_diff']:.2e} | {t['vs_fp32'].get(name, float('nan')):.2e} |")
+            for name, c in t.items():
+                if name.startswith("liger_") or name == "compiled_layers":
+                    lines.append(
+                        f"| {name.replace('_', ' ', 1)} (first step {c['first_step_s']} s) | {c['wall_s']} | "
+                        f"{c['grad_rel_diff']:.2e} | {c.get('grad_rel_diff_fp32', float('nan')):.2e} |"
+                    )
+            lines.append(
+                f"- eager's noise floor: {t['noise_floor']['grad_rel_diff']:.2e} ({t['noise_floor']['what']})"
+            )
         lines.append("")
     if "eval" in res:
         e = res["eval"]
@@ -910,13 +975,16 @@ def table(res: dict) -> str:
             f"tokens continued from the seat's cached turn; capture {e['capture_s']} s)",
             "",
         ]
-    if "projection" in res:
-        p = res["projection"]
-        lines += [
-            f"projected full recipe: {p['total_min']} min (training {p['training_s']} s, {p['evals']} evals "
-            f"{p['eval_s']} s); per arm: " + ", ".join(f"{a} {v['step_s']} s/step" for a, v in p["per_arm"].items()),
-            f"({p['assumes']})",
-        ]
+    for key in ("projection_eager", "projection"):
+        if res.get(key):
+            p = res[key]
+            lines += [
+                f"projected full recipe, {'Liger' if p['liger'] else 'eager'} training forward: {p['total_min']} min "
+                f"(training {p['training_s']} s, {p['evals']} evals {p['eval_s']} s); per arm: "
+                + ", ".join(f"{a} {v['step_s']} s/step" for a, v in p["per_arm"].items()),
+            ]
+    if res.get("projection"):
+        lines.append(f"({res['projection']['assumes']})")
     return "\n".join(lines)
 
 

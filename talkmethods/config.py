@@ -194,6 +194,7 @@ def train_params(config: dict, arm: str, seed: int, results: str = "results") ->
                 "gradient_checkpointing",
                 "engine",
                 "micro_batches",
+                "liger_kernels",
             )
         },
         "sampling": _sampling(t, t["max_prompt_tokens"]),

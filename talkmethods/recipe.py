@@ -49,6 +49,7 @@ class TrainConfig:
     gradient_checkpointing: bool
     engine: str
     micro_batches: int
+    liger_kernels: bool  # Liger's RMSNorm, SwiGLU and RoPE in the training forward, on a CUDA GPU
 
     @classmethod
     def from_params(cls, params: dict) -> TrainConfig:

@@ -30,7 +30,7 @@ from talkmethods.models import ModelSpec
 from talkmethods.training.build import build_trainer
 from talkmethods.training.patches import score_only_valid_positions_on_cpu
 
-TRL_PIN, PEFT_PIN, TRANSFORMERS_PIN = "1.16.0", "0.21.2", "5.23.0"
+TRL_PIN, PEFT_PIN, TRANSFORMERS_PIN, LIGER_PIN = "1.16.0", "0.21.2", "5.23.0", "0.8.5"
 BASE_KEYS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch"}
 OUR_KEYS = BASE_KEYS | {"tool_mask"}  # TRL's own key for completion tokens outside the loss (packed seat rows)
 
@@ -516,6 +516,8 @@ cfg = train_config(arm="grpo", seed=17, model=ModelSpec("offline-tiny-qwen2"), s
                   sampling=Sampling(max_new_tokens=2), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
 trainer = build_trainer(cfg, tiny_problems(2), sys.argv[2])
 assert trl_utils._use_triton is not original and trl_utils._use_triton._talkmethods, "build_trainer did not patch TRL"
+import transformers.models.qwen2.modeling_qwen2 as mq
+assert cfg.liger_kernels and not trainer.liger and mq.apply_rotary_pos_emb.__module__ == mq.__name__, "Liger on a CPU"
 fused = [m for m in trainer.model.modules() if type(m) is lora_layer.Linear and "forward" in vars(m)]
 assert len(fused) == trainer.lora_layers_fused > 0, (len(fused), trainer.lora_layers_fused)
 assert "forward" in vars(lora_layer.Linear) and not hasattr(lora_layer.Linear.forward, "__self__"), "PEFT's class is untouched"
@@ -527,6 +529,64 @@ def test_importing_talkmethods_training_patches_nothing(tmp_path):
     """No patch at import: TRL, PEFT and transformers are as shipped until build_trainer applies them (a fresh process)."""
     out = subprocess.run(
         [sys.executable, "-c", IMPORT_THEN_BUILD, str(Path(__file__).parent), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        check=False,
+    )
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-3000:]
+
+
+LIGER_ON_THE_TINY_MODEL = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import inspect
+import peft.tuners.lora.layer as lora_layer
+import transformers.models.qwen2.modeling_qwen2 as mq
+from liger_kernel.transformers.rms_norm import LigerRMSNorm
+from liger_kernel.transformers.rope import liger_rotary_pos_emb
+from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+from conftest import tiny_problems, train_config
+from talkmethods.engines.sampling import Sampling
+from talkmethods.models import ModelSpec
+from talkmethods.training.build import build_trainer
+from talkmethods.training.patches import liger_kernels
+
+cfg = train_config(arm="grpo", seed=17, model=ModelSpec("offline-tiny-qwen2"), steps=1, problems_per_step=2,
+                  sampling=Sampling(max_new_tokens=2), save_every=1000, micro_batches=1, pack_seats=False, ada_draw_ahead=False)
+trainer = build_trainer(cfg, tiny_problems(2), sys.argv[2])
+model = trainer.model
+forward = model.get_base_model().forward
+liger_kernels(model)  # what build_trainer does on a CUDA GPU (the kernels themselves need one to run)
+base = model.get_base_model().model
+norms = [base.norm] + [n for l in base.layers for n in (l.input_layernorm, l.post_attention_layernorm)]
+assert all(n.forward.__func__ is LigerRMSNorm.forward for n in norms), "Liger no longer patches the norms' forward"
+assert all(l.mlp.forward.__func__ is LigerSwiGLUMLP.forward for l in base.layers), "Liger no longer patches the MLPs"
+assert all(isinstance(l.mlp.gate_proj, lora_layer.Linear) for l in base.layers), "the MLP lost its LoRA layers"
+mlp_src = inspect.getsource(LigerSwiGLUMLP.forward)
+assert all(f"self.{p}_proj(" in mlp_src for p in ("gate", "up", "down")), "Liger's MLP skips the (LoRA) projections"
+assert mq.apply_rotary_pos_emb is liger_rotary_pos_emb, "Liger no longer replaces modeling_qwen2's RoPE"
+assert "apply_rotary_pos_emb(" in inspect.getsource(mq.Qwen2Attention.forward), "Qwen2Attention looks RoPE up elsewhere"
+assert model.get_base_model().forward == forward, "Liger replaced the model's forward (its fused linear loss)"
+print("ok")
+"""
+
+
+def test_liger_patches_the_qwen2_pieces_the_recipe_names(tmp_path):
+    """train.liger_kernels: the pinned Liger swaps exactly the norms, the MLPs and RoPE, and keeps LoRA and the head.
+
+    In a fresh process: Liger's RoPE and classes are patched process-wide. The kernels need a CUDA GPU;
+    their numbers are checked there, against eager and fp32 (bench/speed.py --grad-check --train-liger).
+    """
+    from importlib.metadata import version
+
+    import liger_kernel.transformers
+
+    assert version("liger-kernel") == LIGER_PIN, f"liger-kernel=={LIGER_PIN} pinned, found {version('liger-kernel')}"
+    sig = inspect.signature(liger_kernel.transformers.apply_liger_kernel_to_qwen2).parameters
+    assert {"rope", "rms_norm", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "model"} <= set(sig)
+    out = subprocess.run(
+        [sys.executable, "-c", LIGER_ON_THE_TINY_MODEL, str(Path(__file__).parent), str(tmp_path)],
         capture_output=True,
         text=True,
         env=dict(os.environ, OMP_NUM_THREADS="1"),

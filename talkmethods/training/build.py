@@ -114,7 +114,9 @@ def build_trainer(
         callbacks=list(callbacks),
         generator_factory=generator_factory,
     )
-    trainer.lora_layers_fused = apply_patches(trainer.model)  # the PEFT-wrapped model TRL built
+    # the PEFT-wrapped model TRL built; Liger's kernels are Triton GPU kernels: a CPU run stays eager
+    trainer.liger = cfg.liger_kernels and device.type == "cuda"
+    trainer.lora_layers_fused = apply_patches(trainer.model, liger=trainer.liger)
     return trainer
 
 
