@@ -6,6 +6,7 @@ prompts, 256 new tokens), switching one thing on and off, and writes ``EXPERIMEN
     python bench/ab.py sampler-ends --out results/ab        # Triton sampler and compiled step ends (h2)
     python bench/ab.py two-sets --out results/ab            # 16 adapter + 16 base rows: together vs one by one (h3)
     python bench/ab.py attention-splits --out results/ab    # split-KV programs per SM (h1)
+    python bench/ab.py cohort-lora --out results/ab         # a seed cohort's decode projections: per-row LoRA
 """
 
 from __future__ import annotations
@@ -106,7 +107,93 @@ def attention_splits(model, tok) -> dict:
     return res
 
 
-EXPERIMENTS = {"sampler-ends": sampler_ends, "two-sets": two_sets, "attention-splits": attention_splits}
+def cohort_lora(model, tok) -> dict:
+    """What a cohort of S seeds in one process would pay for a decode step's projections (the cohort lever).
+
+    One decode step's weight products (28 layers of q/k/v, o, gate/up, down, and the LM head), CUDA-graphed,
+    on the Qwen2.5-1.5B shapes with random bf16 weights, timed three ways for S seeds of 32 rows each:
+    - today: each seed's own folded weights, S batches of 32 one after the other (S weight reads);
+    - one folded set at S·32 rows (the ideal: one weight read; no adapters);
+    - the cohort: the base weights at S·32 rows plus each seed's LoRA (r = 32) on its own rows, two
+      batched products a projection group (q/k/v share A's input, gate/up too): one weight read plus
+      S adapters.
+    Attention and norms are not in it: the decode section's batch-96 step has them for one weight set.
+    """
+    res = {}
+    for seeds in (2, 3):
+        res.update(_cohort_case(seeds))
+        torch.cuda.empty_cache()
+    return res
+
+
+def _cohort_case(seeds: int, rows: int = 32) -> dict:
+    d, qkv, inter, vocab, layers, r = 1536, 2048, 8960, 151936, 28, 32
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(seeds)
+
+    def w(*shape):
+        return (torch.randn(*shape, device=dev, generator=g) * 0.02).to(dt)
+
+    sets = [[(w(qkv, d), w(d, d), w(2 * inter, d), w(d, inter)) for _ in range(layers)] for _ in range(seeds)]
+    head = w(vocab, d)
+    # per layer: (A_qkv, B_qkv, A_o, B_o, A_gu, B_gu, A_down, B_down), one seed per batch entry
+    lora = [
+        (w(seeds, d, 3 * r), w(seeds, 3 * r, qkv), w(seeds, d, r), w(seeds, r, d))
+        + (w(seeds, d, 2 * r), w(seeds, 2 * r, 2 * inter), w(seeds, inter, r), w(seeds, r, d))
+        for _ in range(layers)
+    ]
+    x_small, x_big = w(rows, d), w(seeds * rows, d)
+    h_small, h_big = w(rows, inter), w(seeds * rows, inter)
+
+    def projections(x, h, weights, adapters=None):
+        out = []
+        for i, (wqkv, wo, wgu, wdown) in enumerate(weights):
+            ys = [x @ wqkv.T, x @ wo.T, x @ wgu.T, h @ wdown.T]
+            if adapters is not None:
+                aq, bq, ao, bo, agu, bgu, ad, bd = adapters[i]
+                xs, hs = x.view(seeds, rows, d), h.view(seeds, rows, inter)
+                for y, a, b, inp in ((0, aq, bq, xs), (1, ao, bo, xs), (2, agu, bgu, xs), (3, ad, bd, hs)):
+                    ys[y] = ys[y].view(seeds, rows, -1).baddbmm(torch.bmm(inp, a), b).view(seeds * rows, -1)
+            out.append(sum(y[:, :1].sum() for y in ys))
+        return torch.stack(out).sum() + (x @ head.T)[:, :1].sum()
+
+    variants = {
+        f"today: {seeds} folded sets × {rows} rows, one after the other": lambda: sum(
+            projections(x_small, h_small, ws) for ws in sets
+        ),
+        f"one folded set × {seeds * rows} rows (no adapters: the ideal)": lambda: projections(x_big, h_big, sets[0]),
+        f"cohort: base × {seeds * rows} rows + {seeds} per-row LoRAs": lambda: projections(
+            x_big, h_big, sets[0], lora
+        ),
+    }
+    res = {}
+    for name, fn in variants.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 20)
+        res[f"S={seeds}: {name}"] = {"ms_per_step": round(sorted(times)[2], 3)}
+        print(name, res[f"S={seeds}: {name}"], flush=True)
+    return res
+
+
+EXPERIMENTS = {
+    "sampler-ends": sampler_ends,
+    "two-sets": two_sets,
+    "attention-splits": attention_splits,
+    "cohort-lora": cohort_lora,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
