@@ -450,6 +450,9 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     )
     model = trainer.model
     model.train()
+    patched = [type(m).__name__ for m in model.modules() if "Liger" in type(m).__name__]
+    if patched:
+        raise RuntimeError(f"the profiled step's model was built with Liger's modules ({patched[:2]}): not eager")
     trainer.current_gradient_accumulation_steps = args.micro_batches  # what Trainer's loop sets before a step
     g = trainer.num_generations
     inputs = [trainer.train_dataset[i] for i in range(args.problems_per_step) for _ in range(g)]
@@ -576,6 +579,8 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
     if args.train_liger:  # Liger's kernels patched in one at a time, cumulatively (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
+        saved = _qwen2_globals()
+
         pieces = {}
         for piece in ("rms_norm", "swiglu", "rope"):
             pieces[piece] = True
@@ -587,6 +592,7 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
             )
             out["liger_" + "+".join(pieces)] = measured(2)
         out["liger"] = out["liger_" + "+".join(pieces)]
+        _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
@@ -594,13 +600,33 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
     return out
 
 
+def _qwen2_globals() -> dict:
+    """modeling_qwen2's names that Liger replaces process-wide (RoPE, the norm and MLP classes)."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    return {k: getattr(modeling_qwen2, k) for k in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP")}
+
+
+def _restore_qwen2_globals(saved: dict) -> None:
+    """Undo Liger's process-wide patch, so that later trainers and sections build and run eager."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    for k, v in saved.items():
+        setattr(modeling_qwen2, k, v)
+
+
 def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
-    """A few real recipe steps of every arm on the fast engine."""
+    """A few real recipe steps of every arm on the fast engine.
+
+    With ``--arms-liger both`` each arm runs eager and then with Liger, back to back, so that the two
+    variants of an arm see the same warm process (Liger's process-wide patch undone after each run).
+    """
     from talkmethods.training.build import build_trainer
     from talkmethods.training.runs import StepLog
 
     rows = []
-    for (variant, liger), arm in ((v, arm) for v in args.arms_liger for arm in args.arms):
+    eager_globals = _qwen2_globals()
+    for arm, (variant, liger) in ((arm, v) for arm in args.arms for v in args.arms_liger):
         cfg = _train_config(arm, spec, args, steps=args.steps, liger=liger)
         log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
         log_path.unlink(missing_ok=True)
@@ -640,6 +666,7 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
             )
             log.info("%s", rows[-1])
         del trainer, gen
+        _restore_qwen2_globals(eager_globals)
         _free()
     return rows
 
