@@ -445,14 +445,21 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     from talkmethods.training.build import build_trainer
     from talkmethods.training.rows import group_by_length, width_step_for
 
-    trainer = build_trainer(
-        _train_config("raft", spec, args, steps=1), problems, out / "work_profile", generator_factory=ENGINES["fast"]
+    trainer = build_trainer(  # eager: Liger's kernels are one of the experiments below
+        _train_config("raft", spec, args, steps=1, liger=False),
+        problems,
+        out / "work_profile",
+        generator_factory=ENGINES["fast"],
     )
     model = trainer.model
     model.train()
-    patched = [type(m).__name__ for m in model.modules() if "Liger" in type(m).__name__]
+    patched = [
+        type(m).__name__
+        for m in model.modules()
+        if "liger" in type(m).__module__ or "liger" in getattr(m.__dict__.get("forward"), "__module__", "")
+    ]
     if patched:
-        raise RuntimeError(f"the profiled step's model was built with Liger's modules ({patched[:2]}): not eager")
+        raise RuntimeError(f"the profiled step's model runs Liger's modules ({patched[:2]}): not eager")
     trainer.current_gradient_accumulation_steps = args.micro_batches  # what Trainer's loop sets before a step
     g = trainer.num_generations
     inputs = [trainer.train_dataset[i] for i in range(args.problems_per_step) for _ in range(g)]
