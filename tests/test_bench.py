@@ -96,3 +96,30 @@ def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
     res = speed.fold(model_spec, tok, "cpu", args)
     assert not res["ok"], res["rows"]
     assert res["rows"][-1]["engine_share"] < res["rows"][-1]["peft_share"] - speed.FOLD_SLACK
+
+
+def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_failing(tmp_path):
+    """bench/share.py on the CPU: one run, then two at once; an MPS configuration without the daemon's
+    binary is a reported row, not a crash. (The throughput a CPU shows means nothing.)"""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "share.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--quick", "--plan", "1,2,2m", "--steps", "3", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((tmp_path / "share.json").read_text())
+    one, two, mps = res["rows"]
+    assert (one["runs"], two["runs"], mps["runs"]) == (1, 2, 2) and not one["mps"] and mps["mps"]
+    for row in (one, two):  # every run warm and overlapping: a throughput over a real window
+        assert row["steps_per_s"] > 0 and row["overlap_s"] > 0 and len(row["step_s_per_run"]) == row["runs"]
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        assert "not found" in mps["error"]
+    assert "| runs | MPS |" in (tmp_path / "share.md").read_text()
