@@ -4,7 +4,9 @@ Snakemake's ``resources: gpu=1`` only counts jobs and never sets CUDA_VISIBLE_DE
 so each GPU job takes the first GPU whose lock it can get. ``fcntl.flock`` locks vanish with the
 process, so a killed job frees its GPU. ``TALKMETHODS_JOBS_PER_GPU=k`` gives each GPU k slots (k jobs
 share it): small models leave a GPU mostly idle between kernel launches, so several of their runs
-overlap well (the warm-started world on one H200; a 1.5B model fills the GPU, keep 1). Under SLURM
+overlap well (the warm-started world on one H200). A 1.5B model's runs gain only with CUDA MPS running
+(three runs under MPS: 1.27x the steps/s of one on an H200; without MPS the GPU time-slices processes
+and k = 2 gained nothing: bench/share.py, shared-gpu.yaml); otherwise keep 1. Under SLURM
 (CUDA_VISIBLE_DEVICES already set) or on a machine without GPUs this does nothing.
 """
 

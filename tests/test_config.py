@@ -91,6 +91,17 @@ def test_offline_default_and_real_recipe_are_valid():
     validate_config(yaml.safe_load((REPO / "config.yaml").read_text()))
 
 
+def test_the_shared_gpu_overlay_changes_only_the_micro_batches():
+    """shared-gpu.yaml (three runs under MPS) keeps the recipe but for how a step is cut into micro-batches."""
+    from talkmethods.config import load_config
+
+    real = load_config([str(REPO / "config.yaml")])
+    shared = load_config([str(REPO / "config.yaml"), str(REPO / "shared-gpu.yaml")])
+    assert shared["train"]["micro_batches"] == 8 != real["train"]["micro_batches"]
+    assert {**shared["train"], "micro_batches": real["train"]["micro_batches"]} == real["train"]
+    assert {k: v for k, v in shared.items() if k != "train"} == {k: v for k, v in real.items() if k != "train"}
+
+
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
 def test_validate_config_names_the_key(case, tmp_path, monkeypatch):
     overlay, key, fragments = BAD[case]
