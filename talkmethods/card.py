@@ -439,7 +439,7 @@ def learned_sentences(summary: dict) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _recipe_lines(recipe: dict) -> list[str]:
+def _recipe_lines(recipe: dict, cpu: bool = False) -> list[str]:
     def show(v):
         return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
@@ -449,6 +449,11 @@ def _recipe_lines(recipe: dict) -> list[str]:
             lines.append(f"- {label}: {show(recipe[key])}")
             done.add(key)
     lines += [f"- {k}: {show(v)}" for k, v in recipe.items() if k not in done]
+    if recipe.get("liger_kernels"):  # the switch says what a GPU run does; say what these runs did
+        lines.append(
+            "- Liger kernels (RMSNorm, SwiGLU, RoPE) in the training forward: "
+            + ("no, these runs were on a CPU (eager); on a CUDA GPU they would be" if cpu else "yes, on the GPU")
+        )
     if recipe.get("loss_type") == "dapo":
         lines.append(DAPO_NOTE)
     return lines
@@ -641,7 +646,7 @@ def render_card(summary: dict, meta: dict, checks: dict, png_ref: str = "card.pn
         "problem, to talk their way to a right answer?",
         "",
     ]
-    lines += ["## Recipe", ""] + _recipe_lines(meta.get("recipe", {})) + [""]
+    lines += ["## Recipe", ""] + _recipe_lines(meta.get("recipe", {}), cpu=_is_cpu(summary, meta)) + [""]
     lines += ["## Run", ""] + _run_lines(summary, meta) + [""]
     lines += ["## Result", ""] + _result_lines(summary) + [""]
     lines += ["## Checks", ""] + _checks_lines(summary, checks) + [""]
