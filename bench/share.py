@@ -75,6 +75,8 @@ def worker(args) -> None:
     cuda = torch.cuda.is_available()
     out = {
         "arm": args.arm,
+        "liger": trainer.liger,
+        "micro_batches": cfg.micro_batches,
         "start": t_start,
         "built": t_built,
         "step_ends": ends,
@@ -155,6 +157,8 @@ def run_config(k: int, mps: bool, args, out: Path) -> dict:
     return {
         **row,
         **throughput(results),
+        "liger": results[0]["liger"],
+        "micro_batches": results[0]["micro_batches"],
         "peak_allocated_gib": [r["peak_allocated_gib"] for r in results],
         "peak_reserved_gib": [r["peak_reserved_gib"] for r in results],
         "start_to_first_step_s": [round(r["step_ends"][0] - r["start"], 1) for r in results],
@@ -186,19 +190,20 @@ def table(res: dict) -> str:
         f"{res['settings']['micro_batches']} micro-batches, turns of {res['settings']['turn_tokens']} tokens; "
         f"throughput over the window where every run is past its first {WARMUP_STEPS} steps and none has finished",
         "",
-        "| runs | MPS | steps/s, all runs | vs one run | s a step, each run | peak GiB each (allocated / reserved) | overlap s |",
-        "|---:|---|---:|---:|---|---|---:|",
+        "| runs | MPS | training forward | steps/s, all runs | vs one run | s a step, each run | peak GiB each (allocated / reserved) | overlap s |",
+        "|---:|---|---|---:|---:|---|---|---:|",
     ]
     one = next((r.get("steps_per_s") for r in res["rows"] if r["runs"] == 1 and r.get("steps_per_s")), None)
     for r in res["rows"]:
         if "error" in r:
-            lines.append(f"| {r['runs']} | {'yes' if r['mps'] else 'no'} | failed: {r['error'][:300]} | | | | |")
+            lines.append(f"| {r['runs']} | {'yes' if r['mps'] else 'no'} | | failed: {r['error'][:300]} | | | | |")
             continue
         sps = r["steps_per_s"]
         gain = f"{sps / one:.2f}×" if sps and one else "—"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         lines.append(
-            f"| {r['runs']} | {'yes' if r['mps'] else 'no'} | {sps if sps else '—'} | {gain} | "
+            f"| {r['runs']} | {'yes' if r['mps'] else 'no'} | {'Liger' if r['liger'] else 'eager'} | "
+            f"{sps if sps else '—'} | {gain} | "
             f"{', '.join(map(str, r['step_s_per_run']))} | {mem} | {r['overlap_s']} |"
         )
     return "\n".join(lines)
@@ -232,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     args.problems_per_step = args.problems_per_step or (2 if q else 8)
     if q:
         args.micro_batches = 1
+    if args.steps <= WARMUP_STEPS:
+        ap.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps (got {args.steps})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.worker:
         worker(args)
