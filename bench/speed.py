@@ -30,6 +30,7 @@ import json
 import logging
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -623,58 +624,76 @@ def _restore_qwen2_globals(saved: dict) -> None:
 
 
 def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
-    """A few real recipe steps of every arm on the fast engine.
+    """A few real recipe steps of every arm on the fast engine, each (arm, variant) in its own process.
 
-    With ``--arms-liger both`` each arm runs eager and then with Liger, back to back, so that the two
-    variants of an arm see the same warm process (Liger's process-wide patch undone after each run).
+    A real run is its own process (``snakemake`` starts one per run), so each arm here pays its own
+    compile and capture and starts with a cold allocator, as a run does; ``--arms-in-process`` runs them
+    one after the other in this process instead (the method of the runs before 2026-12-04's second
+    session: later arms came out warmer). With ``--arms-liger both`` each arm runs eager, then with Liger.
     """
+    rows = []
+    for arm, (variant, liger) in ((arm, v) for arm in args.arms for v in args.arms_liger):
+        if args.arms_in_process:
+            saved = _qwen2_globals()
+            rows += arm_rows(spec, args, problems, out, arm, variant, liger)
+            _restore_qwen2_globals(saved)  # Liger patches modeling_qwen2 process-wide
+            _free()
+            continue
+        result = out / f"arm_{arm}_{variant}.json"
+        cmd = [sys.executable, __file__, *args.argv, "--arm-worker", f"{arm}:{variant}", "--arm-result", str(result)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the {arm} ({variant}) run failed: {done.stderr[-1500:]}")
+        rows += json.loads(result.read_text())
+    return rows
+
+
+def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str, liger: bool | None) -> list[dict]:
+    """One arm's bench run: ``args.steps`` recipe steps, a row per step."""
     from talkmethods.training.build import build_trainer
     from talkmethods.training.runs import StepLog
 
     rows = []
-    eager_globals = _qwen2_globals()
-    for arm, (variant, liger) in ((arm, v) for arm in args.arms for v in args.arms_liger):
-        cfg = _train_config(arm, spec, args, steps=args.steps, liger=liger)
-        log_path = out / f"{arm}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
-        log_path.unlink(missing_ok=True)
-        trainer = build_trainer(
-            cfg, problems, out / f"work_{arm}", callbacks=[StepLog(log_path)], generator_factory=ENGINES["fast"]
+    cfg = _train_config(arm, spec, args, steps=args.steps, liger=liger)
+    log_path = out / f"{arm}_{variant}_train_log.jsonl"  # in a scratch dir: the rows below keep what matters
+    log_path.unlink(missing_ok=True)
+    trainer = build_trainer(
+        cfg, problems, out / f"work_{arm}_{variant}", callbacks=[StepLog(log_path)], generator_factory=ENGINES["fast"]
+    )
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    _, wall = _timed(trainer.train)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    gen = trainer._generator
+    for s in (json.loads(x) for x in log_path.read_text().splitlines()):
+        rows.append(
+            {
+                "arm": arm,
+                "variant": variant,
+                "liger": trainer.liger,
+                "process": "in-process" if args.arms_in_process else "own",
+                "step": s["step"],
+                "chats": s["chats_drawn"],
+                "chats_generated": s.get("chats_generated", s["chats_drawn"]),
+                "rows": s["rows"],
+                "loss_rows": s.get("loss_rows", s["rows"]),
+                "tokens_per_turn": s["tokens_per_turn"],
+                "longest_prompt": s["longest_prompt"],
+                "loss_tokens": s["loss_tokens"],
+                "loss_tokens_padded": s["loss_tokens_padded"],
+                "gen_s": round(s["gen_s"], 3),
+                "train_s": round(s["train_s"], 3),
+                "logp_diff_max": s["logp_diff_max"],
+                "logp_diff_mean": s["logp_diff_mean"],
+                "peak_gib": round(peak, 1) if peak else None,
+                "run_wall_s": round(wall, 1),
+                "graph_captures": gen.captures,
+                "capture_s": round(gen.timing["capture_s"], 1),
+                "decode_ms_per_step": round(1000 * gen.timing["decode_s"] / max(gen.timing["decode_steps"], 1), 3),
+            }
         )
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        _, wall = _timed(trainer.train)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-        gen = trainer._generator
-        for s in (json.loads(x) for x in log_path.read_text().splitlines()):
-            rows.append(
-                {
-                    "arm": arm,
-                    "variant": variant,
-                    "liger": trainer.liger,
-                    "step": s["step"],
-                    "chats": s["chats_drawn"],
-                    "chats_generated": s.get("chats_generated", s["chats_drawn"]),
-                    "rows": s["rows"],
-                    "loss_rows": s.get("loss_rows", s["rows"]),
-                    "tokens_per_turn": s["tokens_per_turn"],
-                    "longest_prompt": s["longest_prompt"],
-                    "loss_tokens": s["loss_tokens"],
-                    "loss_tokens_padded": s["loss_tokens_padded"],
-                    "gen_s": round(s["gen_s"], 3),
-                    "train_s": round(s["train_s"], 3),
-                    "logp_diff_max": s["logp_diff_max"],
-                    "logp_diff_mean": s["logp_diff_mean"],
-                    "peak_gib": round(peak, 1) if peak else None,
-                    "run_wall_s": round(wall, 1),
-                    "graph_captures": gen.captures,
-                    "capture_s": round(gen.timing["capture_s"], 1),
-                    "decode_ms_per_step": round(1000 * gen.timing["decode_s"] / max(gen.timing["decode_steps"], 1), 3),
-                }
-            )
-            log.info("%s", rows[-1])
-        del trainer, gen
-        _restore_qwen2_globals(eager_globals)
-        _free()
+        log.info("%s", rows[-1])
+    trainer = gen = None
     return rows
 
 
@@ -742,7 +761,9 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
         "eval_s": round(eval_s),
         "total_min": round((train_s + eval_s) / 60, 1),
         "assumes": f"{args.recipe_steps} steps × {args.recipe_seeds} seeds per arm; steady step time from steps "
-        f"2..{args.steps} of this run, the first step's extra (compile, capture) once per run; "
+        f"2..{args.steps} of each arm's bench run ("
+        + ("one after the other in one process" if args.arms_in_process else "each in its own process, as real runs")
+        + "), the first step's extra (compile, capture) once per run; "
         f"{n_evals} evals of {args.recipe_eval_chats} chats at this run's eval wall-clock; "
         "turns at full length (random weights); model loading not counted",
     }
@@ -781,6 +802,13 @@ def main(argv: list[str] | None = None) -> None:
         "today's and the new step times in one run",
     )
     ap.add_argument(
+        "--arms-in-process",
+        action="store_true",
+        help="the arms' runs one after the other in this process (default: each in its own process, as real runs)",
+    )
+    ap.add_argument("--arm-worker", help=argparse.SUPPRESS)  # ARM:VARIANT, run by the arms section
+    ap.add_argument("--arm-result", help=argparse.SUPPRESS)
+    ap.add_argument(
         "--micro-batches",
         type=int,
         default=None,
@@ -808,6 +836,7 @@ def main(argv: list[str] | None = None) -> None:
         help="one loss row per trained turn (default: a seat's two turns packed, as config.yaml)",
     )
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what an arm's own process is started with
     q = args.quick
     args.arms = args.arms.split(",")
     eager, config = ("eager", False), ("config", None)
@@ -837,6 +866,15 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(spec)
     train_pool, test_pool = load_gsm8k("generated", seed=0, n_generated_train=64, n_generated_test=320)
     problems, held_out, _ = draw_problems(train_pool, test_pool, 32, 300, data_seed=0)
+    if args.arm_worker:  # one arm's run in its own process, for the parent's arms section
+        arm, variant = args.arm_worker.split(":")
+        liger = dict(args.arms_liger)[variant]
+        scratch = Path(tempfile.mkdtemp(prefix="talkmethods-bench-arm-"))
+        try:
+            write_json(Path(args.arm_result), arm_rows(spec, args, problems, scratch, arm, variant, liger))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else f"cpu ({platform.machine()})"
     from importlib.metadata import version
 

@@ -35,6 +35,7 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     arms = {r["arm"] for r in out["arms"]}
     assert arms == {"grpo", "ada", "raft", "mixed"}
     for r in out["arms"]:
+        assert r["process"] == "own", "each arm's bench run is its own process, as a real run is"
         assert r["rows"] == (24 if r["arm"] == "mixed" else 32)
         assert r["logp_diff_max"] < 1e-4 and r["loss_tokens"] <= r["loss_tokens_padded"]
         assert r["loss_rows"] < r["rows"], "a seat's two turns share a loss row"
