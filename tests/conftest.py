@@ -81,3 +81,18 @@ def train_config(**fields):
         train_params(load_config([str(ROOT / "config.yaml")]), fields["arm"], fields["seed"])
     )
     return dataclasses.replace(base, **fields)
+
+
+def chat_prompts(tok, n: int = 6) -> list[list[int]]:
+    """``n`` chat prompts of growing length ("item i" repeated i + 1 times), tokenised by the template."""
+    return [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"item {i} " * (i + 1)}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for i in range(n)
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import chat_prompts
 
 from talkmethods.engines.loop import LoopGenerator
 from talkmethods.engines.plain import PlainGenerator
@@ -38,23 +39,9 @@ def peft_model():
     return model.eval()
 
 
-def _prompts(tok, n=6):
-    return [
-        list(
-            tok.apply_chat_template(
-                [{"role": "user", "content": f"item {i} " * (i + 1)}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-            )
-        )
-        for i in range(n)
-    ]
-
-
 @pytest.mark.parametrize("adapter_on", [[False] * 6, [True] * 6, [True, False] * 3])
 def test_loop_matches_generate_token_for_token_when_greedy(peft_model, qwen_tokenizer, adapter_on):
-    prompts = _prompts(qwen_tokenizer)  # different lengths: left padding is exercised
+    prompts = chat_prompts(qwen_tokenizer)  # different lengths: left padding is exercised
     plain = PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, adapter_on, GREEDY)
     loop = LoopGenerator(peft_model, qwen_tokenizer).generate(prompts, adapter_on, GREEDY)
     assert loop == plain
@@ -133,7 +120,7 @@ def test_plain_samples_as_configured_not_as_the_checkpoint_says(peft_model, qwen
     """A hub checkpoint's generation_config (Qwen2.5-Instruct: repetition_penalty 1.05, top_k 20) must not
     leak into sampling: with the configured knobs and the same seed, plain generate gives the tokens it
     gives for a checkpoint with no such defaults."""
-    prompts = _prompts(qwen_tokenizer)
+    prompts = chat_prompts(qwen_tokenizer)
     sampling = Sampling(max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0)
     gen = PlainGenerator(peft_model, qwen_tokenizer)
     torch.manual_seed(3)
@@ -169,7 +156,9 @@ def test_engines_without_a_repetition_penalty_refuse_one(peft_model, qwen_tokeni
 
     gen = ENGINES[engine](peft_model, qwen_tokenizer)
     with pytest.raises(ValueError, match=f"the {engine} engine applies no repetition penalty"):
-        gen.generate(_prompts(qwen_tokenizer, 2), [True, True], Sampling(max_new_tokens=2, repetition_penalty=1.05))
+        gen.generate(
+            chat_prompts(qwen_tokenizer, 2), [True, True], Sampling(max_new_tokens=2, repetition_penalty=1.05)
+        )
 
 
 def test_the_registry_imports_the_fast_engine_only_when_asked_for():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import chat_prompts
 
 from talkmethods.engines.fast.generator import COLUMN_BUCKET, FastGenerator, batch_bucket
 from talkmethods.engines.plain import PlainGenerator
@@ -36,27 +37,13 @@ def peft_model():
     return _lora(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32))
 
 
-def _prompts(tok, n=6):
-    return [
-        list(
-            tok.apply_chat_template(
-                [{"role": "user", "content": f"item {i} " * (i + 1)}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-            )
-        )
-        for i in range(n)
-    ]
-
-
 def _logprobs_by_forward(model, prompt, completion, adapter_on):
     return _logprobs_at_temperature(model, prompt, completion, adapter_on, 1.0)
 
 
 @pytest.mark.parametrize("adapter_on", [[False] * 6, [True] * 6, [True, False] * 3])
 def test_fast_matches_generate_token_for_token_when_greedy(peft_model, qwen_tokenizer, adapter_on):
-    prompts = _prompts(qwen_tokenizer)  # different lengths: left padding is exercised
+    prompts = chat_prompts(qwen_tokenizer)  # different lengths: left padding is exercised
     plain = PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, adapter_on, GREEDY)
     fast = FastGenerator(peft_model, qwen_tokenizer)
     assert fast.generate(prompts, adapter_on, GREEDY) == plain
@@ -68,14 +55,14 @@ def test_fast_matches_generate_token_for_token_when_greedy(peft_model, qwen_toke
 
 @pytest.mark.parametrize("attention", ["matmul", "sdpa"])
 def test_every_attention_form_gives_the_same_tokens(peft_model, qwen_tokenizer, attention):
-    prompts = _prompts(qwen_tokenizer)
+    prompts = chat_prompts(qwen_tokenizer)
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(prompts, [True] * 6, GREEDY)
     assert FastGenerator(peft_model, qwen_tokenizer, attention=attention).generate(prompts, [True] * 6, GREEDY) == want
 
 
 def test_fast_runs_a_model_without_adapter(qwen_tokenizer):
     model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32).eval()
-    prompts = _prompts(qwen_tokenizer, 3)
+    prompts = chat_prompts(qwen_tokenizer, 3)
     fast = FastGenerator(model, qwen_tokenizer)
     assert fast.generate(prompts, [False] * 3, GREEDY) == PlainGenerator(model, qwen_tokenizer).generate(
         prompts, [False] * 3, GREEDY
@@ -85,7 +72,7 @@ def test_fast_runs_a_model_without_adapter(qwen_tokenizer):
 
 
 def test_logprobs_are_those_of_a_plain_forward(peft_model, qwen_tokenizer):
-    prompts = _prompts(qwen_tokenizer)
+    prompts = chat_prompts(qwen_tokenizer)
     on = [True, False] * 3
     torch.manual_seed(0)
     fast = FastGenerator(peft_model, qwen_tokenizer)
@@ -116,7 +103,7 @@ def test_sync_weights_folds_in_the_new_adapter_and_staleness_shows(qwen_tokenize
         load_model(ModelSpec("offline-tiny-qwen2"), torch.float32),
         targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     )
-    prompts = _prompts(qwen_tokenizer, 4)
+    prompts = chat_prompts(qwen_tokenizer, 4)
     fast = FastGenerator(model, qwen_tokenizer)
     fast.generate(prompts, [True] * 4, GREEDY)
     with torch.no_grad():  # "an optimizer step": move every LoRA matrix
@@ -142,7 +129,7 @@ def test_sync_weights_folds_in_the_new_adapter_and_staleness_shows(qwen_tokenize
 
 def test_cache_grows_for_longer_prompts_and_turns(peft_model, qwen_tokenizer):
     fast = FastGenerator(peft_model, qwen_tokenizer)
-    short = _prompts(qwen_tokenizer, 2)
+    short = chat_prompts(qwen_tokenizer, 2)
     fast.generate(short, [True] * 2, GREEDY)
     columns = fast._slots[(2, (None, True))].columns
     long = [(p[:-5] * 100)[: columns - k] + p[-5:] for k, p in enumerate(short)]  # wider than the cache
@@ -156,7 +143,7 @@ def test_cache_grows_for_longer_prompts_and_turns(peft_model, qwen_tokenizer):
 def test_rows_stop_at_their_own_end_of_turn(peft_model, qwen_tokenizer):
     """A row ends at its first end-of-turn token (kept); the loop stops once every row has ended."""
     fast = FastGenerator(peft_model, qwen_tokenizer)
-    prompts = _prompts(qwen_tokenizer, 4)
+    prompts = chat_prompts(qwen_tokenizer, 4)
     full = fast.generate(prompts, [True] * 4, Sampling(max_new_tokens=20, top_k=1))
     assert all(len(row) == 20 for row in full)  # the tiny random model never ends a turn by itself
     # declare the 3rd token of row 0 an end-of-turn token: row 0 stops there, the others where it appears
@@ -203,7 +190,7 @@ def test_a_policy_with_nan_weights_stops_the_rollout(qwen_tokenizer):
     with torch.no_grad():
         gen.weights[False].tensors[1].fill_(float("nan"))  # layer 0's fused q/k/v
     with pytest.raises(FloatingPointError, match="non-finite"):
-        gen.generate(_prompts(qwen_tokenizer, 2), [False, False], Sampling(max_new_tokens=4))
+        gen.generate(chat_prompts(qwen_tokenizer, 2), [False, False], Sampling(max_new_tokens=4))
 
 
 def test_the_triton_attention_form_is_refused_off_the_gpu_with_a_reason(peft_model, qwen_tokenizer, monkeypatch):
@@ -211,19 +198,19 @@ def test_the_triton_attention_form_is_refused_off_the_gpu_with_a_reason(peft_mod
     fast = FastGenerator(peft_model, qwen_tokenizer, attention="triton")
     assert fast._auto_form(6) in ("sdpa", "matmul")  # auto never picks the kernel on a CPU
     with pytest.raises(ValueError, match="CUDA device"):
-        fast.generate(_prompts(qwen_tokenizer), [True] * 6, GREEDY)
+        fast.generate(chat_prompts(qwen_tokenizer), [True] * 6, GREEDY)
 
 
 def test_compiled_engine_matches_generate_on_the_cpu(peft_model, qwen_tokenizer):
     """The GPU path's maths under ``torch.compile`` (fullgraph: no graph breaks; prefill with dynamic
     shapes), here with inductor's CPU backend: the same greedy tokens, across new batch and prompt shapes."""
-    prompts = _prompts(qwen_tokenizer)
+    prompts = chat_prompts(qwen_tokenizer)
     on = [True, False] * 3
     fast = FastGenerator(peft_model, qwen_tokenizer, graphs=False, compile=True, attention="sdpa")
     assert fast.generate(prompts, on, GREEDY) == PlainGenerator(peft_model, qwen_tokenizer).generate(
         prompts, on, GREEDY
     )
-    longer = [p + p for p in _prompts(qwen_tokenizer, 3)]
+    longer = [p + p for p in chat_prompts(qwen_tokenizer, 3)]
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(longer, [True] * 3, GREEDY)
     assert fast.generate(longer, [True] * 3, GREEDY) == want
 
@@ -269,7 +256,7 @@ def test_a_seats_second_turn_continues_its_cached_first_turn(peft_model, qwen_to
 
 def test_a_lane_starts_afresh_after_new_weights_or_other_prompts(peft_model, qwen_tokenizer):
     fast = FastGenerator(peft_model, qwen_tokenizer)
-    prompts = _prompts(qwen_tokenizer, 3)
+    prompts = chat_prompts(qwen_tokenizer, 3)
     first = fast.generate(prompts, [True] * 3, GREEDY, lane="A")
     longer = [p + c + [7, 8] for p, c in zip(prompts, first, strict=True)]
     fast.sync_weights()  # the cached K/V belong to the old weights
@@ -294,7 +281,7 @@ def test_both_weight_sets_decode_together_on_their_own_buffers(peft_model, qwen_
     """Adapter and base rows of one call: two batches stepped in turn (on a GPU, on two streams), each with
     its own cache, split counters and (on a GPU) graph pool, giving what each set gives alone."""
     fast = FastGenerator(peft_model, qwen_tokenizer)
-    prompts = _prompts(qwen_tokenizer, 4)
+    prompts = chat_prompts(qwen_tokenizer, 4)
     together = fast.generate(prompts, [True, False] * 2, GREEDY)
     alone = [fast.generate([p], [on], GREEDY)[0] for p, on in zip(prompts, [True, False] * 2, strict=True)]
     assert together == alone
