@@ -184,34 +184,49 @@ def test_micro_batches_split_the_rows_but_not_the_normaliser(tmp_path):
     assert logs[-1]["rows"] == 128.0 and trainer.state.global_step == 1
 
 
-def test_length_grouping_does_not_change_the_update(tmp_path):
-    """The loss is a token sum over the generation batch: grouping rows by length changes no weight."""
+def _sgd_update(path, prepare=lambda trainer: None, **fields):
+    """One SGD step (update = lr × gradient; Adam's first step is sign-like) of grpo on 8 tiny problems.
+
+    Returns the trainer and the change of every LoRA B matrix; ``prepare`` edits the built trainer first.
+    """
     from transformers.training_args import OptimizerNames
 
-    updates = []
-    for group in (True, False):
-        cfg = train_config(
-            arm="grpo",
-            seed=17,
-            model=SPEC,
-            steps=1,
-            problems_per_step=8,
-            micro_batches=4,
-            sampling=Sampling(max_new_tokens=4),
-            save_every=1000,
-            learning_rate=1.0,
-            pack_seats=False,
-            ada_draw_ahead=False,
-        )
-        trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(group), judge=parity_judge)
-        trainer.group_rows = group
-        trainer.args.optim = OptimizerNames.SGD  # update = lr x gradient (Adam's first step is sign-like)
-        before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
-        trainer.train()
-        updates.append({k: v.detach() - before[k] for k, v in trainer.model.named_parameters() if "lora_B" in k})
-    assert max(u.abs().max().item() for u in updates[0].values()) > 1e-4, "the step moved the adapter"
-    for k in updates[0]:
-        assert torch.allclose(updates[0][k], updates[1][k], rtol=1e-4, atol=1e-8), k
+    cfg = train_config(
+        arm="grpo",
+        seed=17,
+        model=SPEC,
+        steps=1,
+        problems_per_step=8,
+        micro_batches=4,
+        sampling=Sampling(max_new_tokens=4),
+        save_every=1000,
+        learning_rate=1.0,
+        ada_draw_ahead=False,
+        **fields,
+    )
+    trainer = build_trainer(cfg, tiny_problems(8), path, judge=parity_judge)
+    prepare(trainer)
+    trainer.args.optim = OptimizerNames.SGD
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
+    trainer.train()
+    return trainer, {k: v.detach() - before[k] for k, v in trainer.model.named_parameters() if "lora_B" in k}
+
+
+def _assert_same_update(a: dict, b: dict) -> None:
+    assert max(u.abs().max().item() for u in a.values()) > 1e-4, "the step moved the adapter"
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-8), k
+
+
+def test_length_grouping_does_not_change_the_update(tmp_path):
+    """The loss is a token sum over the generation batch: grouping rows by length changes no weight."""
+
+    def grouping(on):
+        return lambda trainer: setattr(trainer, "group_rows", on)
+
+    _, grouped = _sgd_update(tmp_path / "grouped", grouping(True), pack_seats=False)
+    _, plain = _sgd_update(tmp_path / "plain", grouping(False), pack_seats=False)
+    _assert_same_update(grouped, plain)
 
 
 def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):
@@ -261,33 +276,12 @@ def test_unknown_arm_is_refused(tmp_path):
 
 def test_packing_seats_does_not_change_the_update(tmp_path):
     """Same rollout, packed or not: the token-sum loss and so the SGD update are the same; half the rows."""
-    from transformers.training_args import OptimizerNames
-
-    updates, loss_rows = [], []
-    for pack in (True, False):
-        cfg = train_config(
-            arm="grpo",
-            seed=17,
-            model=SPEC,
-            steps=1,
-            problems_per_step=8,
-            micro_batches=4,
-            sampling=Sampling(max_new_tokens=4),
-            save_every=1000,
-            learning_rate=1.0,
-            pack_seats=pack,
-            ada_draw_ahead=False,
-        )
-        trainer = build_trainer(cfg, tiny_problems(8), tmp_path / str(pack), judge=parity_judge)
-        trainer.args.optim = OptimizerNames.SGD
-        before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
-        trainer.train()
-        updates.append({k: v.detach() - before[k] for k, v in trainer.model.named_parameters() if "lora_B" in k})
-        loss_rows.append(trainer.last_rows)
-    assert loss_rows == [64, 128], "every seat's two turns packed into one row"
-    assert max(u.abs().max().item() for u in updates[0].values()) > 1e-4, "the step moved the adapter"
-    for k in updates[0]:
-        assert torch.allclose(updates[0][k], updates[1][k], rtol=1e-4, atol=1e-8), k
+    packed_trainer, packed = _sgd_update(tmp_path / "packed", pack_seats=True)
+    plain_trainer, plain = _sgd_update(tmp_path / "plain", pack_seats=False)
+    assert [packed_trainer.last_rows, plain_trainer.last_rows] == [64, 128], (
+        "every seat's two turns packed into one row"
+    )
+    _assert_same_update(packed, plain)
 
 
 # ------------------------------------------------------------------------------ learning signal
