@@ -24,6 +24,10 @@ writes ``speed.json``.
 
 from __future__ import annotations
 
+import time
+
+T_PROCESS = time.perf_counter()  # before the heavy imports: an arm's own process counts them in its start-up
+
 import argparse
 import gc
 import json
@@ -33,7 +37,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -660,6 +663,8 @@ def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str,
     trainer = build_trainer(
         cfg, problems, out / f"work_{arm}_{variant}", callbacks=[StepLog(log_path)], generator_factory=ENGINES["fast"]
     )
+    # a run's start-up as Snakemake's job pays it: interpreter, imports, tokenizer, model, trainer
+    startup = None if args.arms_in_process else time.perf_counter() - T_PROCESS
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     _, wall = _timed(trainer.train)
@@ -687,6 +692,7 @@ def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str,
                 "logp_diff_mean": s["logp_diff_mean"],
                 "peak_gib": round(peak, 1) if peak else None,
                 "run_wall_s": round(wall, 1),
+                "startup_s": None if startup is None else round(startup, 1),
                 "graph_captures": gen.captures,
                 "capture_s": round(gen.timing["capture_s"], 1),
                 "decode_ms_per_step": round(1000 * gen.timing["decode_s"] / max(gen.timing["decode_steps"], 1), 3),
@@ -746,10 +752,12 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
         steady = steps[1:] or steps
         step_s = sum(r["gen_s"] + r["train_s"] for r in steady) / len(steady)
         first_extra = max(steps[0]["gen_s"] + steps[0]["train_s"] - step_s, 0.0)
+        startup = steps[0].get("startup_s") or 0.0  # own-process runs only
         per_arm[arm] = {
             "step_s": round(step_s, 2),
             "first_step_extra_s": round(first_extra, 1),
-            "run_s": round(args.recipe_steps * step_s + first_extra, 1),
+            "startup_s": startup,
+            "run_s": round(args.recipe_steps * step_s + first_extra + startup, 1),
         }
     train_s = args.recipe_seeds * sum(v["run_s"] for v in per_arm.values())
     n_evals = len(args.arms) * args.recipe_seeds * 3 + 1  # eval, crossplay, crossplay_bA per run + base
@@ -763,9 +771,11 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
         "assumes": f"{args.recipe_steps} steps × {args.recipe_seeds} seeds per arm; steady step time from steps "
         f"2..{args.steps} of each arm's bench run ("
         + ("one after the other in one process" if args.arms_in_process else "each in its own process, as real runs")
-        + "), the first step's extra (compile, capture) once per run; "
+        + "), the first step's extra (compile, capture) once per run"
+        + ("" if args.arms_in_process else ", and its start-up (imports, model, trainer)")
+        + "; "
         f"{n_evals} evals of {args.recipe_eval_chats} chats at this run's eval wall-clock; "
-        "turns at full length (random weights); model loading not counted",
+        "turns at full length (random weights); evals' own start-up not counted",
     }
 
 

@@ -36,6 +36,7 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     assert arms == {"grpo", "ada", "raft", "mixed"}
     for r in out["arms"]:
         assert r["process"] == "own", "each arm's bench run is its own process, as a real run is"
+        assert r["startup_s"] > 0, "its start-up (imports, model, trainer) is measured"
         assert r["rows"] == (24 if r["arm"] == "mixed" else 32)
         assert r["logp_diff_max"] < 1e-4 and r["loss_tokens"] <= r["loss_tokens_padded"]
         assert r["loss_rows"] < r["rows"], "a seat's two turns share a loss row"
@@ -44,6 +45,7 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     assert out["eval"]["chats"] == 8 and out["eval"]["ms_per_step"] > 0
     p = out["projection"]
     assert p["total_min"] > 0 and p["evals"] == 37 and set(p["per_arm"]) == arms
+    assert all(v["startup_s"] > 0 for v in p["per_arm"].values()), "each run's start-up is in the projection"
     table = (tmp_path / "results/bench/speed.md").read_text()
     assert "| engine | batch |" in table and "projected full recipe" in table
 
