@@ -630,25 +630,31 @@ def arms(spec: ModelSpec, device, args, problems, out: Path) -> list[dict]:
     """A few real recipe steps of every arm on the fast engine, each (arm, variant) in its own process.
 
     A real run is its own process (``snakemake`` starts one per run), so each arm here pays its own
-    compile and capture and starts with a cold allocator, as a run does; ``--arms-in-process`` runs them
+    compile and capture and starts with a cold allocator, as a run does; ``--in-process`` runs them
     one after the other in this process instead (the method of the runs before 2026-12-04's second
     session: later arms came out warmer). With ``--arms-liger both`` each arm runs eager, then with Liger.
     """
     rows = []
     for arm, (variant, liger) in ((arm, v) for arm in args.arms for v in args.arms_liger):
-        if args.arms_in_process:
+        if args.in_process:
             saved = _qwen2_globals()
             rows += arm_rows(spec, args, problems, out, arm, variant, liger)
             _restore_qwen2_globals(saved)  # Liger patches modeling_qwen2 process-wide
             _free()
             continue
-        result = out / f"arm_{arm}_{variant}.json"
-        cmd = [sys.executable, __file__, *args.argv, "--arm-worker", f"{arm}:{variant}", "--arm-result", str(result)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"the {arm} ({variant}) run failed: {done.stderr[-1500:]}")
-        rows += json.loads(result.read_text())
+        rows += _own_process(
+            args, ["--arm-worker", f"{arm}:{variant}", "--arm-result"], out / f"arm_{arm}_{variant}.json"
+        )
     return rows
+
+
+def _own_process(args, flags: list[str], result: Path):
+    """This bench with ``flags`` and a result path in a fresh process (as Snakemake starts a job); its result."""
+    cmd = [sys.executable, __file__, *args.argv, *flags, str(result)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(flags[:2])} failed in its own process: {done.stderr[-1500:]}")
+    return json.loads(result.read_text())
 
 
 def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str, liger: bool | None) -> list[dict]:
@@ -664,7 +670,7 @@ def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str,
         cfg, problems, out / f"work_{arm}_{variant}", callbacks=[StepLog(log_path)], generator_factory=ENGINES["fast"]
     )
     # a run's start-up as Snakemake's job pays it: interpreter, imports, tokenizer, model, trainer
-    startup = None if args.arms_in_process else time.perf_counter() - T_PROCESS
+    startup = None if args.in_process else time.perf_counter() - T_PROCESS
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     _, wall = _timed(trainer.train)
@@ -676,7 +682,7 @@ def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str,
                 "arm": arm,
                 "variant": variant,
                 "liger": trainer.liger,
-                "process": "in-process" if args.arms_in_process else "own",
+                "process": "in-process" if args.in_process else "own",
                 "step": s["step"],
                 "chats": s["chats_drawn"],
                 "chats_generated": s.get("chats_generated", s["chats_drawn"]),
@@ -718,6 +724,8 @@ def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dic
         holder["g"] = FastGenerator(m, t)
         return holder["g"]
 
+    # an eval job's start-up as Snakemake's job pays it: interpreter, imports, tokenizer, model
+    startup = None if args.in_process else time.perf_counter() - T_PROCESS
     chats, wall = _timed(
         play_eval, model, tokenizer, flat, "eval", sampling, chats_per_problem, args.eval_chats, factory
     )
@@ -728,6 +736,7 @@ def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dic
         "turns": 4,
         "turn_tokens": args.turn_tokens,
         "wall_s": round(wall, 1),
+        "startup_s": None if startup is None else round(startup, 1),
         "prefill_s": round(tm["prefill_s"], 1),
         "decode_s": round(tm["decode_s"], 1),
         "capture_s": round(tm["capture_s"], 1),
@@ -761,7 +770,7 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
         }
     train_s = args.recipe_seeds * sum(v["run_s"] for v in per_arm.values())
     n_evals = len(args.arms) * args.recipe_seeds * 3 + 1  # eval, crossplay, crossplay_bA per run + base
-    eval_s = n_evals * ev["wall_s"] * (args.recipe_eval_chats / ev["chats"])
+    eval_s = n_evals * (ev["wall_s"] * (args.recipe_eval_chats / ev["chats"]) + (ev.get("startup_s") or 0.0))
     return {
         "per_arm": per_arm,
         "training_s": round(train_s),
@@ -770,12 +779,14 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
         "total_min": round((train_s + eval_s) / 60, 1),
         "assumes": f"{args.recipe_steps} steps × {args.recipe_seeds} seeds per arm; steady step time from steps "
         f"2..{args.steps} of each arm's bench run ("
-        + ("one after the other in one process" if args.arms_in_process else "each in its own process, as real runs")
+        + ("one after the other in one process" if args.in_process else "each in its own process, as real runs")
         + "), the first step's extra (compile, capture) once per run"
-        + ("" if args.arms_in_process else ", and its start-up (imports, model, trainer)")
+        + ("" if args.in_process else ", and its start-up (imports, model, trainer)")
         + "; "
-        f"{n_evals} evals of {args.recipe_eval_chats} chats at this run's eval wall-clock; "
-        "turns at full length (random weights); evals' own start-up not counted",
+        f"{n_evals} evals of {args.recipe_eval_chats} chats at this run's eval wall-clock"
+        + ("" if args.in_process else " and start-up")
+        + "; "
+        "turns at full length (random weights)",
     }
 
 
@@ -812,12 +823,13 @@ def main(argv: list[str] | None = None) -> None:
         "today's and the new step times in one run",
     )
     ap.add_argument(
-        "--arms-in-process",
+        "--in-process",
         action="store_true",
-        help="the arms' runs one after the other in this process (default: each in its own process, as real runs)",
+        help="the arms' runs and the eval batch in this process (default: each in its own process, as Snakemake's jobs)",
     )
     ap.add_argument("--arm-worker", help=argparse.SUPPRESS)  # ARM:VARIANT, run by the arms section
     ap.add_argument("--arm-result", help=argparse.SUPPRESS)
+    ap.add_argument("--eval-worker", help=argparse.SUPPRESS)  # a result path: the eval section's own process
     ap.add_argument(
         "--micro-batches",
         type=int,
@@ -876,6 +888,9 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(spec)
     train_pool, test_pool = load_gsm8k("generated", seed=0, n_generated_train=64, n_generated_test=320)
     problems, held_out, _ = draw_problems(train_pool, test_pool, 32, 300, data_seed=0)
+    if args.eval_worker:  # the eval batch in its own process, for the parent's eval section
+        write_json(Path(args.eval_worker), eval_batch(spec, tokenizer, device, dtype, args, held_out))
+        return
     if args.arm_worker:  # one arm's run in its own process, for the parent's arms section
         arm, variant = args.arm_worker.split(":")
         liger = dict(args.arms_liger)[variant]
@@ -906,7 +921,11 @@ def main(argv: list[str] | None = None) -> None:
         "fold": lambda: fold(spec, tokenizer, device, args),
         "decode": lambda: decode(spec, tokenizer, device, dtype, args),
         "arms": lambda: arms(spec, device, args, problems, work),
-        "eval": lambda: eval_batch(spec, tokenizer, device, dtype, args, held_out),
+        "eval": lambda: (
+            eval_batch(spec, tokenizer, device, dtype, args, held_out)
+            if args.in_process
+            else _own_process(args, ["--eval-worker"], work / "eval.json")
+        ),
         "profile": lambda: profile_decode(spec, tokenizer, device, dtype, args),
         "train_profile": lambda: profile_train(spec, device, args, problems, work),
     }
@@ -1054,7 +1073,8 @@ def table(res: dict) -> str:
             f"eval batch: {e['chats']} chats × 4 turns × {e['turn_tokens']} tokens in {e['wall_s']} s "
             f"(decode {e['decode_s']} s at {e['ms_per_step']} ms/step, batch padded to {e['rows_padded_to']}; "
             f"prefill {e['prefill_s']} s, {e.get('reused_prompt_tokens', 0):,} of {e.get('prompt_tokens', 0):,} prompt "
-            f"tokens continued from the seat's cached turn; capture {e['capture_s']} s)",
+            f"tokens continued from the seat's cached turn; capture {e['capture_s']} s)"
+            + (f"; the job's start-up (imports, model) {e['startup_s']} s" if e.get("startup_s") else ""),
             "",
         ]
     for key in ("projection_eager", "projection"):

@@ -43,6 +43,7 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     t = out["train_profile"]
     assert t["turns"] == 32 and t["rows"] < 32 and t["wall_s"] > 0 and t["tokens_real"] <= t["tokens_padded"]
     assert out["eval"]["chats"] == 8 and out["eval"]["ms_per_step"] > 0
+    assert out["eval"]["startup_s"] > 0, "the eval batch ran in its own process, its start-up measured"
     p = out["projection"]
     assert p["total_min"] > 0 and p["evals"] == 37 and set(p["per_arm"]) == arms
     assert all(v["startup_s"] > 0 for v in p["per_arm"].values()), "each run's start-up is in the projection"
