@@ -443,17 +443,21 @@ def _recipe_lines(recipe: dict, cpu: bool = False) -> list[str]:
     def show(v):
         return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
-    lines, done = [], set()
+    lines, done = [], {"liger_kernels"}  # a GPU-only switch: said below as what these runs did
     for key, label in RECIPE_LABELS:
         if key in recipe:
             lines.append(f"- {label}: {show(recipe[key])}")
             done.add(key)
     lines += [f"- {k}: {show(v)}" for k, v in recipe.items() if k not in done]
-    if recipe.get("liger_kernels"):  # the switch says what a GPU run does; say what these runs did
-        lines.append(
-            "- Liger kernels (RMSNorm, SwiGLU, RoPE) in the training forward: "
-            + ("no, these runs were on a CPU (eager); on a CUDA GPU they would be" if cpu else "yes, on the GPU")
+    if "liger_kernels" in recipe:
+        did = (
+            "no (train.liger_kernels: false)"
+            if not recipe["liger_kernels"]
+            else "no: these runs were on a CPU, which runs eager (the switch is on, for a CUDA GPU)"
+            if cpu
+            else "yes"
         )
+        lines.append(f"- Liger kernels (RMSNorm, SwiGLU, RoPE) in the training forward: {did}")
     if recipe.get("loss_type") == "dapo":
         lines.append(DAPO_NOTE)
     return lines
