@@ -60,7 +60,8 @@ print("MAXDIFF", worst)
 
 ENGINE_CHECK = """
 import torch
-from tests.test_fast_engine import _lora, _logprobs_at_temperature, _prompts, GREEDY
+from conftest import chat_prompts
+from tests.test_fast_engine import _lora, _logprobs_at_temperature, GREEDY
 from talkmethods.engines.fast.generator import FastGenerator
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
@@ -68,7 +69,7 @@ from talkmethods.models import ModelSpec, load_model, load_tokenizer
 torch.set_num_threads(1)
 tok = load_tokenizer(ModelSpec("offline-tiny-qwen2"))
 model = _lora(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32))
-prompts = _prompts(tok)
+prompts = chat_prompts(tok)
 on = [True, False] * 3
 want = PlainGenerator(model, tok).generate(prompts, on, GREEDY)
 fast = FastGenerator(model, tok, attention="triton")
@@ -95,14 +96,16 @@ print("LANES", [[t.completion_ids for t in c.turns] for c in chats] == [[t.compl
 
 
 def _interpret(code: str) -> str:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the repository (talkmethods, tests.*) and tests/ (conftest's helpers, as pytest puts it on the path)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]))
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=root,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
