@@ -40,8 +40,6 @@ def worker(args) -> None:
 
     from talkmethods.engines import ENGINES
     from talkmethods.models import ModelSpec
-    from talkmethods.problems import load_gsm8k
-    from talkmethods.split import draw_problems
     from talkmethods.training.build import build_trainer
 
     sys.path.insert(0, str(REPO / "bench"))
@@ -49,8 +47,7 @@ def worker(args) -> None:
 
     t_start = time.time()
     spec = ModelSpec(args.model)
-    train_pool, test_pool = load_gsm8k("generated", seed=0, n_generated_train=64, n_generated_test=320)
-    problems, _, _ = draw_problems(train_pool, test_pool, 32, 300, data_seed=0)
+    problems, _ = speed.bench_problems()  # the speed bench's own
     bench_args = argparse.Namespace(
         turn_tokens=args.turn_tokens,
         micro_batches=args.micro_batches,

@@ -412,6 +412,16 @@ def _kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
 
+def bench_problems() -> tuple[list[dict], list[dict]]:
+    """The bench's problems: 32 to train on and 300 held out, generated (no data needed)."""
+    from talkmethods.problems import load_gsm8k
+    from talkmethods.split import draw_problems
+
+    train_pool, test_pool = load_gsm8k("generated", seed=0, n_generated_train=64, n_generated_test=320)
+    problems, held_out, _ = draw_problems(train_pool, test_pool, 32, 300, data_seed=0)
+    return problems, held_out
+
+
 def _train_config(arm: str, spec: ModelSpec, args, steps: int, liger: bool | None = None):
     """The recipe's training settings for ``arm`` (config.yaml's) at the bench's sizes, on the fast engine."""
     import dataclasses
@@ -878,16 +888,12 @@ def main(argv: list[str] | None = None) -> None:
     skip = set(filter(None, args.skip.split(",")))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    from talkmethods.problems import load_gsm8k
-    from talkmethods.split import draw_problems
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = pick_device_and_dtype()
     spec = ModelSpec(args.model)
     tokenizer = load_tokenizer(spec)
-    train_pool, test_pool = load_gsm8k("generated", seed=0, n_generated_train=64, n_generated_test=320)
-    problems, held_out, _ = draw_problems(train_pool, test_pool, 32, 300, data_seed=0)
+    problems, held_out = bench_problems()
     if args.eval_worker:  # the eval batch in its own process, for the parent's eval section
         write_json(Path(args.eval_worker), eval_batch(spec, tokenizer, device, dtype, args, held_out))
         return
