@@ -1,16 +1,28 @@
-"""Runs sharing one GPU: K training runs at once, as K processes, with and without CUDA MPS.
+"""Runs sharing one GPU: K jobs at once, as K processes, with and without CUDA MPS.
 
-Each run is a real recipe run (TalkTrainer on the fast engine, random weights in the model's
-architecture, every turn at full length) in its own process, as Snakemake starts them. A run's decode
-at batch 32 leaves most of the chip idle while its training step is compute-bound, so K runs might
+Each job is a real recipe job in its own process, as Snakemake starts them: a training run of an arm
+(TalkTrainer on the fast engine, random weights in the model's architecture, every turn at full
+length) or an eval (600 chats of the held-out set on the eval sampling, repeated). A run's decode at
+batch 32 leaves most of the chip idle while its training step is compute-bound, so K jobs might
 overlap one's decode with another's training. Without MPS the GPU time-slices processes (kernels of
 two processes never run at once); with MPS (``nvidia-cuda-mps-control -d``, a user-space daemon: no
-setting of the card changes) their kernels can. What counts is the throughput of all runs together:
-steps a second, summed over the runs, in the window where every run is past its warm-up and none has
-finished. Prints a table and writes ``share.json``.
+setting of the card changes) their kernels can.
 
-    python bench/share.py --out results/share                       # K = 1, 2, 3 (CUDA GPU)
-    python bench/share.py --out /tmp/s --quick --plan 1,2           # the same code, tiny, on a CPU
+What counts is the work all jobs do together. A job's rate is one over its mean time between events
+(a training step, an eval) past its warm-up; its **work** is that rate over the rate of the same job
+alone on the GPU (a configuration of the plan). Summed over the jobs, that is how many GPUs' worth of
+work the configuration does: the factor by which running its jobs together shortens the recipe. The
+throughput in steps a second is summed over the window where every job is past its warm-up and none
+has finished. Prints a table and writes ``share.json``.
+
+    python bench/share.py --out results/share                                   # K grpo runs: 1, 2, 3 (CUDA GPU)
+    python bench/share.py --plan ada,mixed,eval,m:grpo+ada+raft,m:mixed+eval+raft --seconds 150
+    python bench/share.py --out /tmp/s --quick --plan 1,2                       # the same code, tiny, on a CPU
+
+A plan item is ``K`` or ``Km`` (K runs of ``--arm``, ``m``: under MPS) or jobs joined by ``+``
+(arms or ``eval``), with ``m:`` in front for MPS. ``--seconds`` runs every job of a configuration
+until that many seconds after the configuration started (instead of ``--steps`` steps and
+``--evals`` evals), so that jobs of different lengths overlap to the end.
 """
 
 from __future__ import annotations
@@ -30,58 +42,97 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 log = logging.getLogger("share")
-WARMUP_STEPS = 2  # a run's first steps pay compile, graph capture and the allocator's growth
+WARMUP = {"train": 2, "eval": 1}  # a job's first events pay compile, graph capture and the allocator's growth
+ARMS = ("grpo", "ada", "raft", "mixed")
+
+
+def _kind(job: str) -> str:
+    return "eval" if job == "eval" else "train"
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.time() > deadline
 
 
 def worker(args) -> None:
-    """One training run; writes each step's end time (wall clock, shared by all runs) and peak memory."""
+    """One job; writes each event's end time (wall clock, shared by all jobs) and peak memory."""
     import torch
-    from transformers import TrainerCallback
-
-    from talkmethods.engines import ENGINES
-    from talkmethods.models import ModelSpec
-    from talkmethods.training.build import build_trainer
 
     sys.path.insert(0, str(REPO / "bench"))
     import speed
 
     t_start = time.time()
-    spec = ModelSpec(args.model)
-    problems, _ = speed.bench_problems()  # the speed bench's own
-    bench_args = argparse.Namespace(
-        turn_tokens=args.turn_tokens,
-        micro_batches=args.micro_batches,
-        lora_r=args.lora_r,
-        problems_per_step=args.problems_per_step,
-        ada_draw_ahead=True,
-        pack_seats=True,
-    )
-    cfg = speed._train_config(args.arm, spec, bench_args, steps=args.steps)
+    deadline = args.deadline
     ends: list[float] = []
-
-    class StepEnds(TrainerCallback):
-        def on_step_end(self, *a, **k):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            ends.append(time.time())
-
-    work = Path(tempfile.mkdtemp(prefix="talkmethods-share-"))
-    trainer = build_trainer(cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"])
-    t_built = time.time()
-    trainer.train()
     cuda = torch.cuda.is_available()
+
+    def event():
+        if cuda:
+            torch.cuda.synchronize()
+        ends.append(time.time())
+
+    if args.job == "eval":
+        from talkmethods.engines.fast.generator import FastGenerator
+        from talkmethods.engines.sampling import Sampling
+        from talkmethods.evaluate import play_eval
+        from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
+
+        spec = ModelSpec(args.model)
+        device, dtype = pick_device_and_dtype()
+        tokenizer = load_tokenizer(spec)
+        model = speed._peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
+        _, held_out = speed.bench_problems()
+        sampling = Sampling(max_new_tokens=args.turn_tokens, temperature=0.7, top_p=0.8, top_k=20)
+        flat = (held_out * (args.eval_chats // 2 // len(held_out) + 1))[: args.eval_chats // 2]
+        t_built = time.time()
+        liger = False  # an eval decodes on the fast engine; Liger is a training switch
+        micro_batches = None
+        while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
+            play_eval(model, tokenizer, flat, "eval", sampling, 2, args.eval_chats, FastGenerator)
+            event()
+    else:
+        from transformers import TrainerCallback
+
+        from talkmethods.engines import ENGINES
+        from talkmethods.models import ModelSpec
+        from talkmethods.training.build import build_trainer
+
+        spec = ModelSpec(args.model)
+        problems, _ = speed.bench_problems()  # the speed bench's own
+        bench_args = argparse.Namespace(
+            turn_tokens=args.turn_tokens,
+            micro_batches=args.micro_batches,
+            lora_r=args.lora_r,
+            problems_per_step=args.problems_per_step,
+            ada_draw_ahead=True,
+            pack_seats=True,
+        )
+        steps = args.steps if deadline is None else 10_000  # the deadline ends it
+        cfg = speed._train_config(args.job, spec, bench_args, steps=steps)
+
+        class StepEnds(TrainerCallback):
+            def on_step_end(self, _args, state, control, **k):
+                event()
+                if _past(deadline) and len(ends) > WARMUP["train"]:
+                    control.should_training_stop = True
+
+        work = Path(tempfile.mkdtemp(prefix="talkmethods-share-"))
+        trainer = build_trainer(cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"])
+        t_built = time.time()
+        trainer.train()
+        liger, micro_batches = trainer.liger, cfg.micro_batches
+        shutil.rmtree(work, ignore_errors=True)
     out = {
-        "arm": args.arm,
-        "liger": trainer.liger,
-        "micro_batches": cfg.micro_batches,
+        "job": args.job,
+        "liger": liger,
+        "micro_batches": micro_batches,
         "start": t_start,
         "built": t_built,
-        "step_ends": ends,
+        "ends": ends,
         "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1) if cuda else None,
     }
     Path(args.result).write_text(json.dumps(out))
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def _mps(start: bool, env: dict) -> str | None:
@@ -102,41 +153,50 @@ def _mps(start: bool, env: dict) -> str | None:
     return None if r.returncode == 0 else f"rc {r.returncode}: {r.stderr.strip()[:500]}"
 
 
+def interval(result: dict) -> float | None:
+    """A job's mean seconds between events past its warm-up (None if it had too few)."""
+    t = result["ends"][WARMUP[_kind(result["job"])] - 1 :]
+    return sum(b - a for a, b in zip(t, t[1:], strict=False)) / (len(t) - 1) if len(t) > 1 else None
+
+
 def throughput(results: list[dict]) -> dict:
-    """Steps a second summed over the runs, in the window where all are warm and none has finished."""
-    lo = max(r["step_ends"][WARMUP_STEPS - 1] for r in results)
-    hi = min(r["step_ends"][-1] for r in results)
-    per_run = []
-    for r in results:
-        t = r["step_ends"][WARMUP_STEPS - 1 :]
-        per_run.append(round(sum(b - a for a, b in zip(t, t[1:], strict=False)) / max(len(t) - 1, 1), 2))
+    """Training steps a second summed over the runs, in the window where all are warm and none has finished."""
+    lo = max(r["ends"][WARMUP[_kind(r["job"])] - 1] for r in results)
+    hi = min(r["ends"][-1] for r in results)
+    per_job = [None if (s := interval(r)) is None else round(s, 2) for r in results]
     if hi <= lo:
-        return {"overlap_s": 0.0, "steps_per_s": None, "step_s_per_run": per_run}
-    n = sum(sum(1 for t in r["step_ends"] if lo < t <= hi) for r in results)
-    return {
-        "overlap_s": round(hi - lo, 1),
-        "steps": n,
-        "steps_per_s": round(n / (hi - lo), 4),
-        "step_s_per_run": per_run,
-    }
+        return {"overlap_s": 0.0, "steps_per_s": None, "interval_s": per_job}
+    n = sum(sum(1 for t in r["ends"] if lo < t <= hi) for r in results if _kind(r["job"]) == "train")
+    return {"overlap_s": round(hi - lo, 1), "steps": n, "steps_per_s": round(n / (hi - lo), 4), "interval_s": per_job}
 
 
-def run_config(k: int, mps: bool, args, out: Path) -> dict:
-    """K runs started together (with MPS if asked); their throughput and memory."""
+def work(row: dict, alone: dict[str, float]) -> float | None:
+    """GPUs' worth of work a configuration does: each job's rate over its rate alone, summed (None if a job has no solo)."""
+    if any(j not in alone for j in row["jobs"]) or any(s is None for s in row["interval_s"]):
+        return None
+    return round(sum(alone[j] / s for j, s in zip(row["jobs"], row["interval_s"], strict=True)), 3)
+
+
+def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
+    """The jobs started together (with MPS if asked); their rates and memory."""
     env = dict(os.environ)
-    row = {"runs": k, "mps": mps, "arm": args.arm}
+    row = {"runs": len(jobs), "mps": mps, "jobs": jobs}
     if mps:
         env["CUDA_MPS_PIPE_DIRECTORY"] = str(out / "mps_pipe")
         env["CUDA_MPS_LOG_DIRECTORY"] = str(out / "mps_log")
         err = _mps(True, env)
         if err:
             return {**row, "error": f"MPS: {err}"}
+    tag = ("mps_" if mps else "plain_") + "+".join(jobs)
+    deadline = None if args.seconds is None else time.time() + args.seconds
     try:
         procs, files = [], []
-        for i in range(k):
-            f = out / f"k{k}_{'mps' if mps else 'plain'}_{i}.json"
+        for i, job in enumerate(jobs):
+            f = out / f"{tag}_{i}.json"
             f.unlink(missing_ok=True)
-            cmd = [sys.executable, __file__, "--worker", "--result", str(f)] + _passthrough(args)
+            cmd = [sys.executable, __file__, "--worker", "--job", job, "--result", str(f)] + _passthrough(args)
+            if deadline is not None:
+                cmd += ["--deadline", repr(deadline)]
             logf = open(out / f"{f.stem}.log", "w")  # noqa: SIM115 (closed below)
             procs.append((subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT), logf))
             files.append(f)
@@ -154,54 +214,69 @@ def run_config(k: int, mps: bool, args, out: Path) -> dict:
     return {
         **row,
         **throughput(results),
-        "liger": results[0]["liger"],
-        "micro_batches": results[0]["micro_batches"],
+        "liger": [r["liger"] for r in results],
+        "micro_batches": args.micro_batches,
+        "events": [len(r["ends"]) for r in results],
         "peak_allocated_gib": [r["peak_allocated_gib"] for r in results],
         "peak_reserved_gib": [r["peak_reserved_gib"] for r in results],
-        "start_to_first_step_s": [round(r["step_ends"][0] - r["start"], 1) for r in results],
+        "start_to_first_event_s": [round(r["ends"][0] - r["start"], 1) for r in results],
     }
 
 
 def _passthrough(args) -> list[str]:
-    return [
-        "--model",
-        args.model,
-        "--arm",
-        args.arm,
-        "--steps",
-        str(args.steps),
-        "--micro-batches",
-        str(args.micro_batches),
-        "--turn-tokens",
-        str(args.turn_tokens),
-        "--lora-r",
-        str(args.lora_r),
-        "--problems-per-step",
-        str(args.problems_per_step),
-    ]
+    flags = ("model", "steps", "evals", "eval_chats", "micro_batches", "turn_tokens", "lora_r", "problems_per_step")
+    return [x for f in flags for x in (f"--{f.replace('_', '-')}", str(getattr(args, f)))]
+
+
+def parse_plan(plan: str, arm: str) -> list[tuple[list[str], bool]]:
+    """``1,2m,m:grpo+eval`` → [([arm], False), ([arm, arm], True), (['grpo', 'eval'], True)]."""
+    configs = []
+    for item in plan.split(","):
+        mps = item.startswith("m:") or (item[:-1].isdigit() and item.endswith("m"))
+        body = item.removeprefix("m:")
+        if body.rstrip("m").isdigit():
+            jobs = [arm] * int(body.rstrip("m"))
+        else:
+            jobs = body.split("+")
+        bad = [j for j in jobs if j not in (*ARMS, "eval")]
+        if bad or not jobs:
+            raise ValueError(f"plan item {item!r}: jobs are {', '.join(ARMS)} or eval (got {bad or 'none'})")
+        configs.append((jobs, mps))
+    return configs
 
 
 def table(res: dict) -> str:
+    s = res["settings"]
+    run = (
+        f"{s['seconds']} s a configuration"
+        if s["seconds"]
+        else f"{s['steps']} steps a run, {s['evals']} evals an eval job"
+    )
     lines = [
-        f"runs sharing one GPU: {res['device']}; {res['settings']['arm']}, {res['settings']['steps']} steps a run, "
-        f"{res['settings']['micro_batches']} micro-batches, turns of {res['settings']['turn_tokens']} tokens; "
-        f"throughput over the window where every run is past its first {WARMUP_STEPS} steps and none has finished",
+        f"jobs sharing one GPU: {res['device']}; {run}, {s['micro_batches']} micro-batches, turns of "
+        f"{s['turn_tokens']} tokens, evals of {s['eval_chats']} chats; a job's rate past its first "
+        f"{WARMUP['train']} steps / {WARMUP['eval']} eval; work = the sum of each job's rate over its rate alone",
         "",
-        "| runs | MPS | training forward | steps/s, all runs | vs one run | s a step, each run | peak GiB each (allocated / reserved) | overlap s |",
-        "|---:|---|---|---:|---:|---|---|---:|",
+        "| jobs | MPS | training forward | work (GPUs' worth) | steps/s, all runs | s an event, each job | peak GiB each (allocated / reserved) | overlap s |",
+        "|---|---|---|---:|---:|---|---|---:|",
     ]
-    one = next((r.get("steps_per_s") for r in res["rows"] if r["runs"] == 1 and r.get("steps_per_s")), None)
     for r in res["rows"]:
+        jobs = " + ".join(r["jobs"])
         if "error" in r:
-            lines.append(f"| {r['runs']} | {'yes' if r['mps'] else 'no'} | | failed: {r['error'][:300]} | | | | |")
+            lines.append(f"| {jobs} | {'yes' if r['mps'] else 'no'} | | failed: {r['error'][:300]} | | | | |")
             continue
-        sps = r["steps_per_s"]
-        gain = f"{sps / one:.2f}×" if sps and one else "—"
+        fwd = (
+            ", ".join(
+                sorted(
+                    {("Liger" if lg else "eager") for lg, j in zip(r["liger"], r["jobs"], strict=True) if j != "eval"}
+                )
+            )
+            or "—"
+        )
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         lines.append(
-            f"| {r['runs']} | {'yes' if r['mps'] else 'no'} | {'Liger' if r['liger'] else 'eager'} | "
-            f"{sps if sps else '—'} | {gain} | "
-            f"{', '.join(map(str, r['step_s_per_run']))} | {mem} | {r['overlap_s']} |"
+            f"| {jobs} | {'yes' if r['mps'] else 'no'} | {fwd} | {r.get('work') or '—'} | {r['steps_per_s'] or '—'} | "
+            f"{', '.join(map(str, r['interval_s']))} | {mem} | {r['overlap_s']} |"
         )
     return "\n".join(lines)
 
@@ -210,8 +285,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/share")
     ap.add_argument("--model", default="random:qwen2.5-1.5b")
-    ap.add_argument("--arm", default="grpo")
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--arm", default="grpo", choices=ARMS, help="the arm of a plan item that is a bare count")
+    ap.add_argument("--steps", type=int, default=None, help="training steps a run (without --seconds)")
+    ap.add_argument("--evals", type=int, default=None, help="evals an eval job plays (without --seconds)")
+    ap.add_argument(
+        "--seconds", type=float, default=None, help="run every job this long from the configuration's start"
+    )
+    ap.add_argument("--eval-chats", type=int, default=None)
     ap.add_argument("--micro-batches", type=int, default=8, help="8: three runs' peaks fit one 141 GB GPU")
     ap.add_argument("--turn-tokens", type=int, default=None)
     ap.add_argument("--lora-r", type=int, default=None)
@@ -219,27 +299,38 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--plan",
         default="1,2m,3m,2",
-        help="comma-separated configurations: K runs at once, 'm' for under MPS (default 1,2m,3m,2)",
+        help="comma-separated configurations: K runs of --arm ('Km': under MPS) or jobs joined by + "
+        "('m:' in front: under MPS); default 1,2m,3m,2",
     )
     ap.add_argument("--quick", action="store_true", help="tiny sizes on the offline model: checks the code path")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     q = args.quick
     if q and args.model == "random:qwen2.5-1.5b":
         args.model = "offline-tiny-qwen2"
     args.steps = args.steps or (4 if q else 8)
+    args.evals = args.evals or 3
+    args.eval_chats = args.eval_chats or (8 if q else 600)
     args.turn_tokens = args.turn_tokens or (8 if q else 256)
     args.lora_r = args.lora_r or (4 if q else 32)
     args.problems_per_step = args.problems_per_step or (2 if q else 8)
     if q:
         args.micro_batches = 1
-    if args.steps <= WARMUP_STEPS:
-        ap.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps (got {args.steps})")
+    if args.steps <= WARMUP["train"] or args.evals <= WARMUP["eval"]:
+        ap.error(
+            f"--steps must exceed {WARMUP['train']} and --evals {WARMUP['eval']}: the warm-up (got {args.steps}, {args.evals})"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.worker:
         worker(args)
         return
+    try:
+        plan = parse_plan(args.plan, args.arm)
+    except ValueError as err:
+        ap.error(str(err))
 
     import platform
 
@@ -250,17 +341,24 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
     res = {
         "device": device,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "result")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "result", "worker", "job", "deadline")},
         "rows": [],
     }
-    for item in args.plan.split(","):
-        k, mps = int(item.rstrip("m")), item.endswith("m")
+    alone: dict[str, float] = {}  # a job's interval when it had the GPU to itself
+    for jobs, mps in plan:
         t0 = time.time()
-        row = run_config(k, mps, args, out)
+        row = run_config(jobs, mps, args, out)
         row["wall_s"] = round(time.time() - t0, 1)
+        if "error" not in row and len(jobs) == 1 and not mps and row["interval_s"][0]:
+            alone.setdefault(jobs[0], row["interval_s"][0])
         log.info("%s", row)
         res["rows"].append(row)
         (out / "share.json").write_text(json.dumps(res, indent=1))
+    for row in res["rows"]:
+        if "error" not in row:
+            row["work"] = work(row, alone)
+    res["alone_interval_s"] = alone
+    (out / "share.json").write_text(json.dumps(res, indent=1))
     print(table(res))
     (out / "share.md").write_text(table(res) + "\n")
     if any("error" in r and not r["mps"] for r in res["rows"]):

@@ -13,6 +13,17 @@ import pytest
 from test_pipeline import job_counts, snakemake
 
 
+def _bench_module(name: str):
+    """``bench/<name>.py`` as a module (bench/ is scripts, not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     plan = snakemake(["-n", "bench"], tmp_path)
     assert plan.returncode == 0, plan.stderr[-3000:]
@@ -73,15 +84,11 @@ def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
     """The fold section's verdict can fail: an engine that folds the adapter without LoRA's
     ``alpha / r`` scaling (2 in the recipe, so half the effect) trails PEFT and is flagged."""
     import argparse
-    import importlib.util
 
     from talkmethods.engines.fast import weights
     from talkmethods.models import ModelSpec, load_tokenizer
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "speed.py"
-    spec = importlib.util.spec_from_file_location("bench_speed", path)
-    speed = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(speed)
+    speed = _bench_module("speed")
     model_spec = ModelSpec("offline-tiny-qwen2")
     tok = load_tokenizer(model_spec)
     args = argparse.Namespace(lora_r=4)
@@ -103,16 +110,30 @@ def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
 
 
 def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_failing(tmp_path):
-    """bench/share.py on the CPU: one run, then two at once; an MPS configuration without the daemon's
-    binary is a reported row, not a crash. (The throughput a CPU shows means nothing.)"""
+    """bench/share.py on the CPU: one run, an eval job alone, a run and an eval at once; an MPS
+    configuration without the daemon's binary is a reported row, not a crash. (The rates a CPU shows
+    mean nothing.)"""
     import os
     import shutil
     import subprocess
     import sys
 
     script = Path(__file__).resolve().parents[1] / "bench" / "share.py"
+    plan = "1,eval,raft+eval,2m"
     out = subprocess.run(
-        [sys.executable, str(script), "--quick", "--plan", "1,2,2m", "--steps", "3", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            str(script),
+            "--quick",
+            "--plan",
+            plan,
+            "--steps",
+            "3",
+            "--evals",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -120,10 +141,34 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads((tmp_path / "share.json").read_text())
-    one, two, mps = res["rows"]
-    assert (one["runs"], two["runs"], mps["runs"]) == (1, 2, 2) and not one["mps"] and mps["mps"]
-    for row in (one, two):  # every run warm and overlapping: a throughput over a real window
-        assert row["steps_per_s"] > 0 and row["overlap_s"] > 0 and len(row["step_s_per_run"]) == row["runs"]
+    one, ev, mix, mps = res["rows"]
+    assert [r["jobs"] for r in res["rows"]] == [["grpo"], ["eval"], ["raft", "eval"], ["grpo", "grpo"]]
+    assert not one["mps"] and mps["mps"]
+    assert ev["events"] == [2] and one["events"] == [3]
+    for row in (one, ev, mix):  # every job warm: a rate for each
+        assert all(s > 0 for s in row["interval_s"]) and len(row["interval_s"]) == row["runs"]
+    assert one["steps_per_s"] > 0 and one["overlap_s"] > 0
+    # work is measured against each job alone: grpo's and eval's solos are 1 by definition; raft had no solo
+    assert one["work"] == 1.0 and ev["work"] == 1.0 and mix["work"] is None
+    assert set(res["alone_interval_s"]) == {"grpo", "eval"}
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]
-    assert "| runs | MPS |" in (tmp_path / "share.md").read_text()
+    assert "| jobs | MPS |" in (tmp_path / "share.md").read_text()
+
+
+def test_share_plan_items_and_the_work_a_configuration_does():
+    """The plan's syntax, and work = each job's rate over its rate alone, summed."""
+    share = _bench_module("share")
+    assert share.parse_plan("1,3m,m:ada+eval,raft", "grpo") == [
+        (["grpo"], False),
+        (["grpo"] * 3, True),
+        (["ada", "eval"], True),
+        (["raft"], False),
+    ]
+    with pytest.raises(ValueError, match="jobs are"):
+        share.parse_plan("grpo+evals", "grpo")
+    alone = {"grpo": 4.0, "eval": 20.0}
+    # two jobs each at half their solo rate do one GPU's worth; at 0.6 of it, 1.2 GPUs'
+    assert share.work({"jobs": ["grpo", "eval"], "interval_s": [8.0, 40.0]}, alone) == 1.0
+    assert share.work({"jobs": ["grpo", "eval"], "interval_s": [4 / 0.6, 20 / 0.6]}, alone) == 1.2
+    assert share.work({"jobs": ["grpo", "ada"], "interval_s": [8.0, 8.0]}, alone) is None
