@@ -174,20 +174,22 @@ def trained(one_torch_thread, qwen_tokenizer):
     return model, plan, lora
 
 
-# The interpreter runs a kernel program at a time: greedy, two chats whose rows stop at different steps; sampled, one.
-TRITON_CHATS = {"greedy": [0, 2], "sampled": [0]}
+# The interpreter runs a kernel program at a time: greedy, two chats whose rows stop at different steps; sampled
+# (plain sampling) and eval (eval's sampling: temperature 0.7, top-k 20, top-p 0.8), one each.
+TRITON_CHATS = {"greedy": [0, 2], "sampled": [0], "eval": [0]}
+EVAL_SAMPLING = Sampling(max_new_tokens=CAP, temperature=0.7, top_k=20, top_p=0.8)
 TRITON_RUN = """
 import json, sys, torch
 from talkmethods.engines import ENGINES
 from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec, load_tokenizer
 from talkmethods.rollout import play_chats
-from tests.test_stop_tokens import CAP, FLAT, GREEDY, SEATS, TRITON_CHATS, build_model
+from tests.test_stop_tokens import CAP, EVAL_SAMPLING, FLAT, GREEDY, SEATS, TRITON_CHATS, build_model
 torch.set_num_threads(1)
 tok = load_tokenizer(ModelSpec("offline-tiny-qwen2"))
 model = build_model(torch.load(sys.argv[1]))
 out = {}
-for name, sampling in [("greedy", GREEDY), ("sampled", Sampling(max_new_tokens=CAP))]:
+for name, sampling in [("greedy", GREEDY), ("sampled", Sampling(max_new_tokens=CAP)), ("eval", EVAL_SAMPLING)]:
     fast = ENGINES["fast"](model, tok)
     assert fast._auto_form(1) == "triton"
     torch.manual_seed(0)
@@ -204,8 +206,9 @@ def played(trained, qwen_tokenizer, tmp_path_factory):
 
     ``plain``, ``loop`` and ``fast`` (its CPU form) play every chat here; ``fast-triton`` plays two under
     Triton's interpreter (its attention kernel; a fresh process, as the interpreter is switched on before
-    ``triton`` is imported), greedy, and ``fast-triton-sampled`` one at temperature 1, through its
-    sampling kernels too.
+    ``triton`` is imported), greedy (top-k 1: the top-k kernels), ``fast-triton-sampled`` one at
+    temperature 1, through the plain-sampling kernels, and ``fast-triton-eval`` one on eval's sampling,
+    through the top-k/top-p kernels.
     """
     model, _, lora = trained
     runs = {}
@@ -228,7 +231,7 @@ def played(trained, qwen_tokenizer, tmp_path_factory):
         )
         assert out.returncode == 0, out.stderr[-3000:]
         got = json.loads(out.stdout.split("JSON", 1)[1])
-        for name, key in (("greedy", "fast-triton"), ("sampled", "fast-triton-sampled")):
+        for name, key in (("greedy", "fast-triton"), ("sampled", "fast-triton-sampled"), ("eval", "fast-triton-eval")):
             chats = [
                 Chat(problem=FLAT[i], a_adapter=SEATS[i][0], b_adapter=SEATS[i][1], turns=[Turn(**t) for t in turns])
                 for i, turns in zip(TRITON_CHATS[name], got[name]["turns"], strict=True)
@@ -246,7 +249,9 @@ def _has_triton() -> bool:
 
 
 GREEDY_RUNS = ["plain", "loop", "fast", "fast-triton"]
-ALL_RUNS = GREEDY_RUNS + ["fast-triton-sampled"]  # Triton's sampling kernels serve plain sampling only (no top-k)
+SAMPLED_RUNS = ["fast-triton-sampled", "fast-triton-eval"]  # drawn, not greedy: no plan to compare with
+ALL_RUNS = GREEDY_RUNS + SAMPLED_RUNS
+TEMPERATURE = {"fast-triton-eval": EVAL_SAMPLING.temperature}  # a rollout's log-probs are under softmax(logits / T)
 
 
 def run_of(played, run):
@@ -276,7 +281,7 @@ def test_a_turn_ends_at_its_first_stop_and_nothing_follows(played, qwen_tokenize
             assert ends(turn) is not None or len(ids) == CAP
             assert turn.text == qwen_tokenizer.decode(ids, skip_special_tokens=True)
     kinds = Counter(ends(t) for c in chats for t in c.turns)
-    if run == "fast-triton-sampled":  # drawn at temperature 1: the adapter's picks are likely (seeded), not sure
+    if run in SAMPLED_RUNS:  # drawn: the adapter's picks are likely (seeded), not sure
         assert kinds[IM_END] and kinds[ENDOFTEXT], kinds  # both drawn from the vocabulary's last, ragged chunk
         return
     assert kinds[IM_END] >= 2 and kinds[ENDOFTEXT] >= 2 and kinds[None] >= 1, kinds
@@ -322,11 +327,11 @@ def test_a_seats_next_prompt_is_rebuilt_from_its_real_tokens(played, qwen_tokeni
             )
             assert turn.prompt_ids == own.prompt_ids + said + [IM_END] + reply, (run, k)
             after[ends(own)] += 1
-    if run != "fast-triton-sampled":
+    if run not in SAMPLED_RUNS:
         assert after[IM_END] and after[ENDOFTEXT] and after[None], after  # each kind of end was continued
 
 
-@pytest.mark.parametrize("run", ["loop", "fast", "fast-triton", "fast-triton-sampled"])
+@pytest.mark.parametrize("run", ["loop", "fast", "fast-triton", *SAMPLED_RUNS])
 def test_rollout_log_probs_are_a_fresh_forwards(trained, played, run):
     """The engines that score their tokens give each one, the stop included, its log-prob under a plain forward."""
     model = trained[0]
@@ -340,7 +345,7 @@ def test_rollout_log_probs_are_a_fresh_forwards(trained, played, run):
                 else:
                     with model.disable_adapter():
                         logits = model(ids).logits
-            ref = logits[0, len(turn.prompt_ids) - 1 : -1].log_softmax(-1)
+            ref = (logits[0, len(turn.prompt_ids) - 1 : -1] / TEMPERATURE.get(run, 1.0)).log_softmax(-1)
             ref = ref.gather(-1, torch.tensor(turn.completion_ids)[:, None])[:, 0]
             assert len(turn.logprobs) == len(turn.completion_ids)
             assert torch.allclose(torch.tensor(turn.logprobs), ref, atol=1e-4), (run, turn.logprobs, ref)
@@ -396,7 +401,7 @@ def test_training_rows_score_the_stop_and_nothing_after_it(played, qwen_tokenize
         assert len(firsts) == 3, firsts  # each kind of end was packed or kept apart
 
 
-@pytest.mark.parametrize("run", ["fast", "fast-triton", "fast-triton-sampled"])
+@pytest.mark.parametrize("run", ["fast", "fast-triton", *SAMPLED_RUNS])
 def test_the_fast_engine_continues_each_seats_cached_turn(played, run):
     """Each seat's second prompt continues the K/V its first turn left (its prompt and all its tokens but the
     last, never fed): rows that stopped early, on either stop, or ran to the cap."""

@@ -129,7 +129,7 @@ class FastGenerator(PlainGenerator):
         self._capture_streams: dict[bool, object] = {}
         # The layer is compiled once for all 28 layers (seconds, not minutes), and the step's two ends
         # beside it; shapes become symbolic after the second batch/column size. Sampling is not
-        # compiled: plain sampling runs as two Triton kernels (``sampler``), top-k/top-p in torch.
+        # compiled: it runs as two Triton kernels (``sampler``), plain or top-k/top-p.
         if attention != "auto" and attention not in ATTENTION_FORMS:
             raise ValueError(f"unknown attention form {attention!r}; auto or one of {ATTENTION_FORMS}")
         self.attention = attention
