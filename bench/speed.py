@@ -263,23 +263,32 @@ def _kernel_check(device, cfg) -> float:
     return (got.float().cpu() - want).abs().max().item()
 
 
-def _sampler_check(device, vocab: int) -> dict:
-    """The Triton sampler against ``engine``'s torch rule on the same bf16 logits (batch 32, 20 draws).
+def _sampler_check(device, vocab: int, draws: int = 20) -> dict:
+    """The Triton samplers against ``engine``'s torch rule on the same bf16 logits (batch 32, ``draws`` draws each).
 
-    Tokens may differ only where ``u`` × total falls within fp32 rounding of a token boundary.
+    Plain sampling (temperature 1) and eval's (temperature 0.7, top-k 20, top-p 0.8). Tokens may differ
+    only where ``u`` × total falls within fp32 rounding of a token boundary and, for top-k, where
+    equal bf16 logits are ranked in another order (the kernels put the lower token id first).
     """
     gen = torch.Generator(device=device).manual_seed(0)
-    same = rows = 0
-    worst = 0.0
-    for _ in range(20):
-        logits = (torch.randn(32, vocab, device=device, generator=gen) * 4).to(torch.bfloat16)
-        u = torch.rand(32, device=device, generator=gen)
-        tok, logp = ds.sample_with_logprob(logits, 1.0, u)
-        want, _ = sample_with_logprob(logits, 1.0, 0, 1.0, u)
-        same, rows = same + int((tok == want).sum()), rows + 32
-        ref = logits.float().log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-        worst = max(worst, (logp - ref).abs().max().item())
-    return {"same_tokens": same, "rows": rows, "logp_max_abs_diff": worst}
+    out = {}
+    for name, (t, k, p) in {"plain": (1.0, 0, 1.0), "top": (0.7, 20, 0.8)}.items():
+        same = rows = 0
+        worst = 0.0
+        for _ in range(draws):
+            logits = (torch.randn(32, vocab, device=device, generator=gen) * 4).to(torch.bfloat16)
+            u = torch.rand(32, device=device, generator=gen)
+            if k:
+                tok, logp = ds.sample_top_with_logprob(logits, t, k, p, u)
+            else:
+                tok, logp = ds.sample_with_logprob(logits, t, u)
+            want, _ = sample_with_logprob(logits, t, k, p, u)
+            same, rows = same + int((tok == want).sum()), rows + 32
+            ref = (logits.float() / t).log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+            worst = max(worst, (logp - ref).abs().max().item())
+        prefix = "" if name == "plain" else "top_"
+        out |= {f"{prefix}same_tokens": same, f"{prefix}rows": rows, f"{prefix}logp_max_abs_diff": worst}
+    return out
 
 
 def _free():
@@ -987,7 +996,9 @@ def table(res: dict) -> str:
             )
             + (
                 f"; Triton sampler vs torch's rule: {g['sampler']['same_tokens']}/{g['sampler']['rows']} tokens equal, "
-                f"max |Δ log-prob| {g['sampler']['logp_max_abs_diff']:.1e}"
+                f"max |Δ log-prob| {g['sampler']['logp_max_abs_diff']:.1e}; with eval's top-k 20 and top-p 0.8: "
+                f"{g['sampler']['top_same_tokens']}/{g['sampler']['top_rows']} equal, "
+                f"max |Δ log-prob| {g['sampler']['top_logp_max_abs_diff']:.1e}"
                 if g.get("sampler")
                 else ""
             ),

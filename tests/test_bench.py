@@ -172,3 +172,23 @@ def test_share_plan_items_and_the_work_a_configuration_does():
     assert share.work({"jobs": ["grpo", "eval"], "interval_s": [8.0, 40.0]}, alone) == 1.0
     assert share.work({"jobs": ["grpo", "eval"], "interval_s": [4 / 0.6, 20 / 0.6]}, alone) == 1.2
     assert share.work({"jobs": ["grpo", "ada"], "interval_s": [8.0, 8.0]}, alone) is None
+
+
+def test_the_guards_sampler_check_compares_both_triton_samplers_with_the_torch_rule():
+    """The GPU guard's sampler section, run under Triton's interpreter on a small vocabulary."""
+    pytest.importorskip("triton")
+    from test_fast_attention import _interpret
+
+    out = _interpret(
+        """
+        import json, sys
+        sys.path.insert(0, "bench")
+        import speed
+        print("JSON" + json.dumps(speed._sampler_check(speed.torch.device("cpu"), 3000, draws=3)))
+        """
+    )
+    res = json.loads(out.split("JSON", 1)[1])
+    assert res["rows"] == res["top_rows"] == 96
+    # bf16 logits: a few rows may sit on a boundary or tie, not more
+    assert res["same_tokens"] >= 93 and res["top_same_tokens"] >= 90, res
+    assert res["logp_max_abs_diff"] < 1e-4 and res["top_logp_max_abs_diff"] < 1e-4, res
