@@ -7,6 +7,7 @@ prompts, 256 new tokens), switching one thing on and off, and writes ``EXPERIMEN
     python bench/ab.py two-sets --out results/ab            # 16 adapter + 16 base rows: together vs one by one (h3)
     python bench/ab.py attention-splits --out results/ab    # split-KV programs per SM (h1)
     python bench/ab.py cohort-lora --out results/ab         # a seed cohort's decode projections: per-row LoRA
+    python bench/ab.py eval-sampler --out results/ab        # eval's top-k/top-p: Triton kernels vs torch's rule
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from talkmethods.models import ModelSpec, load_model, load_tokenizer  # noqa: E4
 TURN = Sampling(max_new_tokens=256)
 
 
-def _decode_ms(gen, prompts, on, repeats: int = 3) -> list[float]:
+def _decode_ms(gen, prompts, on, repeats: int = 3, sampling: Sampling = TURN) -> list[float]:
     """ms per decode step of ``repeats`` turns after a warm-up turn (compile and capture)."""
-    gen.generate(prompts, on, TURN)
+    gen.generate(prompts, on, sampling)
     out = []
     for _ in range(repeats):
         gen.timing = {k: 0 * v for k, v in gen.timing.items()}
         torch.manual_seed(0)
-        gen.generate(prompts, on, TURN)
+        gen.generate(prompts, on, sampling)
         out.append(round(1000 * gen.timing["decode_s"] / gen.timing["decode_steps"], 3))
     return out
 
@@ -188,7 +189,39 @@ def _cohort_case(seeds: int, rows: int = 32) -> dict:
     return res
 
 
+def eval_sampler(model, tok) -> dict:
+    """Eval's sampling (T 0.7, top-k 20, top-p 0.8): the sampler alone and a decode step, kernels against torch."""
+    ev = Sampling(max_new_tokens=256, temperature=0.7, top_k=20, top_p=0.8)
+    res, handles_top = {}, ds.handles_top
+    vocab = model.config.vocab_size
+    for rows in (32, 640):
+        logits = (torch.randn(rows, vocab, device="cuda") * 4).to(torch.bfloat16)
+        u = torch.rand(rows, device="cuda")
+        for name, fn in [("kernels", ds.sample_top_with_logprob), ("torch", speed.sample_with_logprob)]:
+            fn(logits, 0.7, 20, 0.8, u)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(100):
+                fn(logits, 0.7, 20, 0.8, u)
+            end.record()
+            torch.cuda.synchronize()
+            res[f"sampler alone, batch {rows}, {name}"] = {"ms": round(start.elapsed_time(end) / 100, 4)}
+            print(f"sampler alone, batch {rows}, {name}", res[f"sampler alone, batch {rows}, {name}"], flush=True)
+    try:
+        for rows in (32, 600):
+            prompts, on = speed._prompts(tok, rows, 512, seed=rows), [True] * rows
+            for name, on_off in (("kernels", True), ("torch", False)):
+                ds.handles_top = handles_top if on_off else (lambda *a: False)
+                key = f"decode step, batch {rows}, {name}"
+                res[key] = {"ms_per_step": _decode_ms(FastGenerator(model, tok), prompts, on, 2, ev)}
+                print(key, res[key], flush=True)
+    finally:
+        ds.handles_top = handles_top
+    return res
+
+
 EXPERIMENTS = {
+    "eval-sampler": eval_sampler,
     "sampler-ends": sampler_ends,
     "two-sets": two_sets,
     "attention-splits": attention_splits,
