@@ -302,6 +302,11 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated configurations: K runs of --arm ('Km': under MPS) or jobs joined by + "
         "('m:' in front: under MPS); default 1,2m,3m,2",
     )
+    ap.add_argument(
+        "--alone",
+        help="a share.json of an earlier run: its jobs' rates alone serve this run's work figures "
+        "(this run's own solos take precedence)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes on the offline model: checks the code path")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
@@ -345,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         "rows": [],
     }
     alone: dict[str, float] = {}  # a job's interval when it had the GPU to itself
+    earlier = json.loads(Path(args.alone).read_text())["alone_interval_s"] if args.alone else {}
     for jobs, mps in plan:
         t0 = time.time()
         row = run_config(jobs, mps, args, out)
@@ -354,10 +360,13 @@ def main(argv: list[str] | None = None) -> None:
         log.info("%s", row)
         res["rows"].append(row)
         (out / "share.json").write_text(json.dumps(res, indent=1))
+    own = set(alone)
+    alone = {**earlier, **alone}
     for row in res["rows"]:
         if "error" not in row:
             row["work"] = work(row, alone)
     res["alone_interval_s"] = alone
+    res["alone_from"] = {j: "this run" if j in own else args.alone for j in alone}
     (out / "share.json").write_text(json.dumps(res, indent=1))
     print(table(res))
     (out / "share.md").write_text(table(res) + "\n")

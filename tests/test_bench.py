@@ -154,6 +154,19 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]
     assert "| jobs | MPS |" in (tmp_path / "share.md").read_text()
+    # a later run takes its solos from this one's share.json
+    later = tmp_path / "later"
+    cmd = [sys.executable, str(script), "--quick", "--plan", "grpo+eval", "--steps", "3", "--evals", "2"]
+    out = subprocess.run(
+        [*cmd, "--alone", str(tmp_path / "share.json"), "--out", str(later)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((later / "share.json").read_text())
+    assert res["rows"][0]["work"] > 0 and set(res["alone_from"].values()) == {str(tmp_path / "share.json")}
 
 
 def test_share_plan_items_and_the_work_a_configuration_does():
