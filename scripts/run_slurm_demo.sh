@@ -6,6 +6,7 @@
 #   scripts/run_slurm_demo.sh                       # full card, in a new /tmp/talkmethods-slurm.XXXX
 #   SLURM_DEMO_DIR=/path/new-dir scripts/run_slurm_demo.sh
 #   SLURM_DEMO_TARGETS="results/raft/seed17/eval.json" scripts/run_slurm_demo.sh   # a smaller DAG
+#   SLURM_DEMO_CONFIG="/path/two-arms.yaml" scripts/run_slurm_demo.sh   # overlays after offline.yaml (space-separated)
 # Installs snakemake-executor-plugin-slurm==2.8.0 into the venv if it is missing.
 set -euo pipefail
 
@@ -13,6 +14,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PROFILE="$REPO/profiles/slurm"
 PLUGIN="snakemake-executor-plugin-slurm==2.8.0"
 TARGETS=${SLURM_DEMO_TARGETS:-"results/card.md results/card.png"}
+CONFIGS=${SLURM_DEMO_CONFIG:-}
 
 say() { echo "run_slurm_demo: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -55,8 +57,11 @@ OUT="$WORKDIR/snakemake.out"
 
 # shellcheck disable=SC2206
 targets=($TARGETS)
+# shellcheck disable=SC2206
+overlays=($CONFIGS)
+for c in "${overlays[@]}"; do [[ -r "$c" ]] || die "SLURM_DEMO_CONFIG: cannot read $c"; done
 cmd=("$PY" -m snakemake --snakefile "$REPO/Snakefile" --directory "$WORKDIR"
-    --configfile "$REPO/offline.yaml" --profile "$PROFILE" "${targets[@]}")
+    --configfile "$REPO/offline.yaml" "${overlays[@]}" --profile "$PROFILE" "${targets[@]}")
 say "working directory $WORKDIR"
 say "${cmd[*]}"
 t0=$(date +%s)

@@ -3,9 +3,13 @@
 scripts/slurm_localhost.sh installs (apt-get) and starts SLURM + munge; scripts/run_slurm_demo.sh
 runs the workflow with profiles/slurm to a complete card in a fresh directory and checks that every
 job went through SLURM and completed there. Needs root and apt-get (CI runs as root); anywhere
-else this test fails and says why. It takes a while (see the timings it prints with -s):
-SLURM_DEMO_TARGETS="results/raft/seed17/eval.json" runs a smaller DAG instead of the full card,
-and TALKMETHODS_SKIP_SLURM=1 skips it (a reported skip, for machines that cannot run it).
+else this test fails and says why.
+
+Every rule of the DAG goes through SLURM, on two arms (raft, mixed: a base partner's seat), one seed
+and a 60-step warm start, a 16-job DAG; the whole 65-job card is what the local end-to-end test runs (test_pipeline), and
+here it took ~17 of the suite's minutes on 2 cores. TALKMETHODS_SLURM_FULL=1 runs the whole card through
+SLURM; SLURM_DEMO_TARGETS="results/raft/seed17/eval.json" a smaller DAG; TALKMETHODS_SKIP_SLURM=1
+skips the test (a reported skip, for machines that cannot run it). Timings print with -s.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ def test_offline_dag_through_slurm(tmp_path):
 
     workdir = tmp_path / "demo"
     env["SLURM_DEMO_DIR"] = str(workdir)
+    full = os.environ.get("TALKMETHODS_SLURM_FULL") == "1"
+    if not full:
+        overlay = tmp_path / "two-arms-one-seed.yaml"
+        # a short warm start: the base's accuracy is the end-to-end test's business, SLURM's wiring is this one's
+        overlay.write_text("arms: [raft, mixed]\nseeds: [17]\nmodel:\n  warmstart:\n    steps: 60\n")
+        env["SLURM_DEMO_CONFIG"] = str(overlay)
     demo, t_demo = _run(["bash", str(SCRIPTS / "run_slurm_demo.sh")], env, timeout=3 * 3600)
     out = workdir / "snakemake.out"
     tail = out.read_text()[-4000:] if out.exists() else ""
@@ -82,6 +92,17 @@ def test_offline_dag_through_slurm(tmp_path):
         assert "offline" in card.lower()  # the offline default's card
         assert (workdir / "results/card.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         # the whole DAG: every (arm, seed) trained and evaluated, the base model evaluated
-        for rule in ("split", "selftest", "train", "eval_run", "eval_base", "aggregate", "card"):
+        for rule in (
+            "split",
+            "selftest",
+            "warmstart",
+            "train",
+            "eval_run",
+            "eval_base",
+            "train_curve",
+            "aggregate",
+            "card",
+        ):
             assert int(stats.get(rule, 0)) >= 1, f"no {rule} job in the SLURM run"
+        assert int(stats["train"]) == (12 if full else 2)
         assert int(stats["eval_run"]) == 3 * int(stats["train"])
