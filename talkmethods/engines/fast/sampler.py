@@ -63,14 +63,28 @@ def handles_top(device: torch.device, top_k: int, top_p: float, vocab: int) -> b
 if triton is not None:
 
     @triton.jit
-    def _chunk_stats(logits_ptr, stats_ptr, V, s_lb, temperature, NC, CHUNK: tl.constexpr):
-        b = tl.program_id(0)
-        c = tl.program_id(1)
+    def _load_chunk(logits_ptr, stats_ptr, b, c, V, s_lb, temperature, NC, CHUNK: tl.constexpr):
+        """Chunk ``c`` of row ``b`` as fp32 ``logits / T`` (-inf past the vocab); stores its max and sum of exp."""
         i = c * CHUNK + tl.arange(0, CHUNK)
         x = tl.load(logits_ptr + b * s_lb + i, mask=i < V, other=float("-inf")).to(tl.float32) / temperature
         m = tl.max(x, 0)
         tl.store(stats_ptr + (b * NC + c) * 2, m)
         tl.store(stats_ptr + (b * NC + c) * 2 + 1, tl.sum(tl.exp(x - m), 0))
+        return x
+
+    @triton.jit
+    def _chunk_masses(stats_ptr, b, NC, NCP: tl.constexpr):
+        """Row ``b``'s largest chunk max and each chunk's mass relative to it (0 past the ``NC`` chunks)."""
+        c = tl.arange(0, NCP)
+        ok = c < NC
+        m = tl.load(stats_ptr + (b * NC + c) * 2, mask=ok, other=float("-inf"))
+        top = tl.max(m, 0)
+        w = tl.where(ok, tl.load(stats_ptr + (b * NC + c) * 2 + 1, mask=ok, other=0.0) * tl.exp(m - top), 0.0)
+        return top, w
+
+    @triton.jit
+    def _chunk_stats(logits_ptr, stats_ptr, V, s_lb, temperature, NC, CHUNK: tl.constexpr):
+        _load_chunk(logits_ptr, stats_ptr, tl.program_id(0), tl.program_id(1), V, s_lb, temperature, NC, CHUNK)
 
     @triton.jit
     def _pick(
@@ -88,10 +102,7 @@ if triton is not None:
     ):
         b = tl.program_id(0)
         c = tl.arange(0, NCP)
-        ok = c < NC
-        m = tl.load(stats_ptr + (b * NC + c) * 2, mask=ok, other=float("-inf"))
-        top = tl.max(m, 0)
-        w = tl.where(ok, tl.load(stats_ptr + (b * NC + c) * 2 + 1, mask=ok, other=0.0) * tl.exp(m - top), 0.0)
+        top, w = _chunk_masses(stats_ptr, b, NC, NCP)
         total = tl.sum(w, 0)
         target = tl.load(u_ptr + b) * total
         # the first chunk whose cumulative mass reaches the target; rounding never takes it past the
@@ -114,11 +125,7 @@ if triton is not None:
         b = tl.program_id(0)
         c = tl.program_id(1)
         j = tl.arange(0, CHUNK)
-        i = c * CHUNK + j
-        x = tl.load(logits_ptr + b * s_lb + i, mask=i < V, other=float("-inf")).to(tl.float32) / temperature
-        m = tl.max(x, 0)
-        tl.store(stats_ptr + (b * NC + c) * 2, m)
-        tl.store(stats_ptr + (b * NC + c) * 2 + 1, tl.sum(tl.exp(x - m), 0))
+        x = _load_chunk(logits_ptr, stats_ptr, b, c, V, s_lb, temperature, NC, CHUNK)
         out = (b * NC + c) * K
         for r in range(K):  # the chunk's k largest, the lower id first among equals
             v = tl.max(x, 0)
@@ -144,12 +151,7 @@ if triton is not None:
         NCAND: tl.constexpr,
     ):
         b = tl.program_id(0)
-        # the row's log-sum-exp, from the chunks' stats
-        c = tl.arange(0, NCP)
-        ok = c < NC
-        m = tl.load(stats_ptr + (b * NC + c) * 2, mask=ok, other=float("-inf"))
-        top = tl.max(m, 0)
-        w = tl.where(ok, tl.load(stats_ptr + (b * NC + c) * 2 + 1, mask=ok, other=0.0) * tl.exp(m - top), 0.0)
+        top, w = _chunk_masses(stats_ptr, b, NC, NCP)  # the row's log-sum-exp, from the chunks' stats
         lse = top + tl.log(tl.sum(w, 0))
         # the k largest candidates, descending (the lower id first among equals)
         n = tl.arange(0, NCAND)
