@@ -134,6 +134,7 @@ def test_sampler_applies_only_to_plain_sampling():
     assert ds.handles_top(torch.device("cuda"), ds.MAX_TOP_K, 1.0, 151_936) == gpu_or_interpreter
     assert not ds.handles_top(torch.device("cuda"), ds.MAX_TOP_K + 1, 0.8, 151_936)
     assert not ds.handles_top(torch.device("cuda"), 0, 0.8, 151_936)
+    assert not ds.handles_top(torch.device("cuda"), 1, 1.0, 151_936)  # greedy: torch's one topk
     assert not ds.handles_top(torch.device("cpu"), 20, 0.8, 151_936) or gpu_or_interpreter
 
 

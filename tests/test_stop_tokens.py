@@ -206,7 +206,7 @@ def played(trained, qwen_tokenizer, tmp_path_factory):
 
     ``plain``, ``loop`` and ``fast`` (its CPU form) play every chat here; ``fast-triton`` plays two under
     Triton's interpreter (its attention kernel; a fresh process, as the interpreter is switched on before
-    ``triton`` is imported), greedy (top-k 1: the top-k kernels), ``fast-triton-sampled`` one at
+    ``triton`` is imported), greedy, ``fast-triton-sampled`` one at
     temperature 1, through the plain-sampling kernels, and ``fast-triton-eval`` one on eval's sampling,
     through the top-k/top-p kernels.
     """

@@ -56,8 +56,11 @@ def handles(device: torch.device, top_k: int, top_p: float, vocab: int) -> bool:
 
 
 def handles_top(device: torch.device, top_k: int, top_p: float, vocab: int) -> bool:
-    """Whether the top-k kernels apply: Triton on ``device`` and a top-k of at most ``MAX_TOP_K`` (top-p or not)."""
-    return attention.available(device) and 0 < top_k <= MAX_TOP_K and top_k < vocab
+    """Whether the top-k kernels apply: Triton on ``device`` and a top-k from 2 to ``MAX_TOP_K`` (top-p or not).
+
+    Greedy (top-k 1) stays torch's one ``topk``: the recipe never samples greedily, and under Triton's
+    interpreter the kernels would double the greedy engine tests' time."""
+    return attention.available(device) and 1 < top_k <= MAX_TOP_K and top_k < vocab
 
 
 if triton is not None:
