@@ -191,18 +191,18 @@ def _cohort_case(seeds: int, rows: int = 32) -> dict:
 
 def eval_sampler(model, tok) -> dict:
     """Eval's sampling (T 0.7, top-k 20, top-p 0.8): the sampler alone and a decode step, kernels against torch."""
-    ev = Sampling(max_new_tokens=256, temperature=0.7, top_k=20, top_p=0.8)
+    ev = Sampling(max_new_tokens=256, **speed.EVAL_SAMPLING)
     res, handles_top = {}, ds.handles_top
     vocab = model.config.vocab_size
     for rows in (32, 640):
         logits = (torch.randn(rows, vocab, device="cuda") * 4).to(torch.bfloat16)
         u = torch.rand(rows, device="cuda")
         for name, fn in [("kernels", ds.sample_top_with_logprob), ("torch", speed.sample_with_logprob)]:
-            fn(logits, 0.7, 20, 0.8, u)
+            fn(logits, ev.temperature, ev.top_k, ev.top_p, u)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(100):
-                fn(logits, 0.7, 20, 0.8, u)
+                fn(logits, ev.temperature, ev.top_k, ev.top_p, u)
             end.record()
             torch.cuda.synchronize()
             res[f"sampler alone, batch {rows}, {name}"] = {"ms": round(start.elapsed_time(end) / 100, 4)}

@@ -73,22 +73,19 @@ def worker(args) -> None:
 
     if args.job == "eval":
         from talkmethods.engines.fast.generator import FastGenerator
-        from talkmethods.engines.sampling import Sampling
         from talkmethods.evaluate import play_eval
-        from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype
+        from talkmethods.models import ModelSpec, load_tokenizer, pick_device_and_dtype
 
         spec = ModelSpec(args.model)
         device, dtype = pick_device_and_dtype()
         tokenizer = load_tokenizer(spec)
-        model = speed._peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
-        _, held_out = speed.bench_problems()
-        sampling = Sampling(max_new_tokens=args.turn_tokens, temperature=0.7, top_p=0.8, top_k=20)
-        flat = (held_out * (args.eval_chats // 2 // len(held_out) + 1))[: args.eval_chats // 2]
+        model, sampling, flat = speed.eval_setup(spec, device, dtype, args, speed.bench_problems()[1])
         t_built = time.time()
-        liger = False  # an eval decodes on the fast engine; Liger is a training switch
-        micro_batches = None
+        liger = micro_batches = None  # training settings: an eval has neither
         while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
-            play_eval(model, tokenizer, flat, "eval", sampling, 2, args.eval_chats, FastGenerator)
+            play_eval(
+                model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, FastGenerator
+            )
             event()
     else:
         from transformers import TrainerCallback
@@ -265,14 +262,7 @@ def table(res: dict) -> str:
         if "error" in r:
             lines.append(f"| {jobs} | {'yes' if r['mps'] else 'no'} | | failed: {r['error'][:300]} | | | | |")
             continue
-        fwd = (
-            ", ".join(
-                sorted(
-                    {("Liger" if lg else "eager") for lg, j in zip(r["liger"], r["jobs"], strict=True) if j != "eval"}
-                )
-            )
-            or "—"
-        )
+        fwd = ", ".join(sorted({"Liger" if lg else "eager" for lg in r["liger"] if lg is not None})) or "—"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         lines.append(
             f"| {jobs} | {'yes' if r['mps'] else 'no'} | {fwd} | {r.get('work') or '—'} | {r['steps_per_s'] or '—'} | "

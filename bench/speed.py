@@ -272,7 +272,8 @@ def _sampler_check(device, vocab: int, draws: int = 20) -> dict:
     """
     gen = torch.Generator(device=device).manual_seed(0)
     out = {}
-    for name, (t, k, p) in {"plain": (1.0, 0, 1.0), "top": (0.7, 20, 0.8)}.items():
+    ev = EVAL_SAMPLING
+    for name, (t, k, p) in {"plain": (1.0, 0, 1.0), "top": (ev["temperature"], ev["top_k"], ev["top_p"])}.items():
         same = rows = 0
         worst = 0.0
         for _ in range(draws):
@@ -728,15 +729,23 @@ def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str,
     return rows
 
 
+EVAL_SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.8}  # config.yaml's eval sampling (Qwen2.5-Instruct's)
+EVAL_CHATS_PER_PROBLEM = 2
+
+
+def eval_setup(spec: ModelSpec, device, dtype, args, problems) -> tuple:
+    """An eval job's model (a LoRA that changes outputs), sampling, and ``--eval-chats`` / 2 problems."""
+    model = _peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
+    sampling = Sampling(max_new_tokens=args.turn_tokens, **EVAL_SAMPLING)
+    need = args.eval_chats // EVAL_CHATS_PER_PROBLEM
+    return model, sampling, (problems * (need // len(problems) + 1))[:need]
+
+
 def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dict:
     """One eval batch: ``--eval-chats`` chats on the eval sampling settings, trained A × trained B."""
     from talkmethods.evaluate import play_eval
 
-    model = _peft(load_model(spec, dtype, device), r=args.lora_r, b_scale=0.01)
-    sampling = Sampling(max_new_tokens=args.turn_tokens, temperature=0.7, top_p=0.8, top_k=20)
-    chats_per_problem = 2
-    need = args.eval_chats // chats_per_problem
-    flat = (problems * (need // len(problems) + 1))[:need]
+    model, sampling, flat = eval_setup(spec, device, dtype, args, problems)
     holder = {}
 
     def factory(m, t):
@@ -746,7 +755,7 @@ def eval_batch(spec: ModelSpec, tokenizer, device, dtype, args, problems) -> dic
     # an eval job's start-up as Snakemake's job pays it: interpreter, imports, tokenizer, model
     startup = None if args.in_process else time.perf_counter() - T_PROCESS
     chats, wall = _timed(
-        play_eval, model, tokenizer, flat, "eval", sampling, chats_per_problem, args.eval_chats, factory
+        play_eval, model, tokenizer, flat, "eval", sampling, EVAL_CHATS_PER_PROBLEM, args.eval_chats, factory
     )
     g = holder["g"]
     tm = g.timing

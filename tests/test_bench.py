@@ -109,38 +109,31 @@ def test_the_fold_guard_fails_when_the_engine_drops_the_adapter(monkeypatch):
     assert res["rows"][-1]["engine_share"] < res["rows"][-1]["peft_share"] - speed.FOLD_SLACK
 
 
-def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_failing(tmp_path):
-    """bench/share.py on the CPU: one run, an eval job alone, a run and an eval at once; an MPS
-    configuration without the daemon's binary is a reported row, not a crash. (The rates a CPU shows
-    mean nothing.)"""
+def _share(out: Path, *flags: str):
+    """bench/share.py --quick (3 steps a run, 2 evals an eval job) with ``flags``, writing under ``out``."""
     import os
-    import shutil
     import subprocess
     import sys
 
     script = Path(__file__).resolve().parents[1] / "bench" / "share.py"
-    plan = "1,eval,raft+eval,2m"
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--quick",
-            "--plan",
-            plan,
-            "--steps",
-            "3",
-            "--evals",
-            "2",
-            "--out",
-            str(tmp_path),
-        ],
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--steps", "3", "--evals", "2", *flags, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads((tmp_path / "share.json").read_text())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "share.json").read_text())
+
+
+def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_failing(tmp_path):
+    """bench/share.py on the CPU: one run, an eval job alone, a run and an eval at once; an MPS
+    configuration without the daemon's binary is a reported row, not a crash. (The rates a CPU shows
+    mean nothing.)"""
+    import shutil
+
+    res = _share(tmp_path, "--plan", "1,eval,raft+eval,2m")
     one, ev, mix, mps = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [["grpo"], ["eval"], ["raft", "eval"], ["grpo", "grpo"]]
     assert not one["mps"] and mps["mps"]
@@ -155,18 +148,8 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         assert "not found" in mps["error"]
     assert "| jobs | MPS |" in (tmp_path / "share.md").read_text()
     # a later run takes its solos from this one's share.json
-    later = tmp_path / "later"
-    cmd = [sys.executable, str(script), "--quick", "--plan", "grpo+eval", "--steps", "3", "--evals", "2"]
-    out = subprocess.run(
-        [*cmd, "--alone", str(tmp_path / "share.json"), "--out", str(later)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads((later / "share.json").read_text())
-    assert res["rows"][0]["work"] > 0 and set(res["alone_from"].values()) == {str(tmp_path / "share.json")}
+    later = _share(tmp_path / "later", "--plan", "grpo+eval", "--alone", str(tmp_path / "share.json"))
+    assert later["rows"][0]["work"] > 0 and set(later["alone_from"].values()) == {str(tmp_path / "share.json")}
 
 
 def test_share_plan_items_and_the_work_a_configuration_does():

@@ -182,15 +182,21 @@ if triton is not None:
         tl.store(logp_ptr + b, tl.sum(tl.where(kk == k, vals, 0.0), 0) - lse)
 
 
-def sample_with_logprob(
-    logits: torch.Tensor, temperature: float, u: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sampling.sample_with_logprob(logits, temperature, 0, 1.0, u)``: (B,) tokens (int64) and log-probs (fp32)."""
+def _check(logits: torch.Tensor, u: torch.Tensor) -> tuple[int, int]:
+    """(rows, vocab) of logits the kernels can read: the vocab contiguous and a uniform per row."""
     rows, vocab = logits.shape
     if logits.stride(1) != 1 or u.shape != (rows,):
         raise ValueError(
             "the Triton sampler takes (rows, vocab) logits with the vocab contiguous and a uniform per row"
         )
+    return rows, vocab
+
+
+def sample_with_logprob(
+    logits: torch.Tensor, temperature: float, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sampling.sample_with_logprob(logits, temperature, 0, 1.0, u)``: (B,) tokens (int64) and log-probs (fp32)."""
+    rows, vocab = _check(logits, u)
     chunks = -(-vocab // CHUNK)
     stats = torch.empty(rows, chunks, 2, dtype=torch.float32, device=logits.device)
     tok = torch.empty(rows, dtype=torch.long, device=logits.device)
@@ -216,11 +222,7 @@ def sample_top_with_logprob(
     logits: torch.Tensor, temperature: float, top_k: int, top_p: float, u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``sampling.sample_with_logprob(logits, temperature, top_k, top_p, u)`` for 0 < top_k <= ``MAX_TOP_K``."""
-    rows, vocab = logits.shape
-    if logits.stride(1) != 1 or u.shape != (rows,):
-        raise ValueError(
-            "the Triton sampler takes (rows, vocab) logits with the vocab contiguous and a uniform per row"
-        )
+    rows, vocab = _check(logits, u)
     if not 0 < top_k <= min(MAX_TOP_K, vocab):
         raise ValueError(f"the top-k kernels take 0 < top_k <= {MAX_TOP_K} and the vocabulary (got {top_k})")
     chunks = -(-vocab // CHUNK)
