@@ -174,6 +174,41 @@ def work(row: dict, alone: dict[str, float]) -> float | None:
     return round(sum(alone[j] / s for j, s in zip(row["jobs"], row["interval_s"], strict=True)), 3)
 
 
+RECIPE = {"runs_per_arm": 3, "steps": 80, "evals": 37, "eval_chats": 600}  # 4 arms x 3 seeds; 3 evals a run + base
+
+
+def recipe_minutes(alone: dict[str, float], first: dict[str, float], eval_chats: int) -> dict | None:
+    """The full recipe's minutes one job at a time, from the jobs' solo rates: each run its start-up and
+    first step (``first``: start to first event) plus 79 steady steps; each eval its start-up and first
+    eval, scaled to 600 chats. None unless every arm and the eval have a solo."""
+    if any(j not in alone or j not in first for j in (*ARMS, "eval")):
+        return None
+    run_s = {a: first[a] + (RECIPE["steps"] - 1) * alone[a] for a in ARMS}
+    eval_s = first["eval"] + alone["eval"] * (RECIPE["eval_chats"] / eval_chats - 1)  # start-up is not per chat
+    total = RECIPE["runs_per_arm"] * sum(run_s.values()) + RECIPE["evals"] * eval_s
+    return {
+        "run_s": {a: round(v, 1) for a, v in run_s.items()},
+        "eval_s": round(eval_s, 1),
+        "min": round(total / 60, 1),
+    }
+
+
+def shared_recipe(solo_min: float, rows: list[dict]) -> dict | None:
+    """The recipe with its jobs three at a time under MPS: the solo minutes over the work of the measured
+    three-job MPS mixes (mean, and the range between the worst and best mix). Every mix weighs the same,
+    whatever share of the recipe its jobs are: an estimate, not a scheduled sweep."""
+    works = [r["work"] for r in rows if r["mps"] and r["runs"] == 3 and r.get("work")]
+    if not works:
+        return None
+    mean = sum(works) / len(works)
+    return {
+        "mixes": len(works),
+        "work_mean": round(mean, 3),
+        "min": round(solo_min / mean, 1),
+        "min_range": [round(solo_min / max(works), 1), round(solo_min / min(works), 1)],
+    }
+
+
 def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
     """The jobs started together (with MPS if asked); their rates and memory."""
     env = dict(os.environ)
@@ -268,6 +303,22 @@ def table(res: dict) -> str:
             f"| {jobs} | {'yes' if r['mps'] else 'no'} | {fwd} | {r.get('work') or '—'} | {r['steps_per_s'] or '—'} | "
             f"{', '.join(map(str, r['interval_s']))} | {mem} | {r['overlap_s']} |"
         )
+    if "recipe" in res:
+        one, shared = res["recipe"]["one_at_a_time"], res["recipe"]["three_under_mps"]
+        lines += [
+            "",
+            f"full recipe from these solos ({s['micro_batches']} micro-batches; a run: start to first step + "
+            f"{RECIPE['steps'] - 1} steady steps; an eval: start to end of its first): "
+            f"**{one['min']} min one job at a time** "
+            f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in one['run_s'].items())}; eval {one['eval_s']:.0f} s)",
+        ]
+        if shared:
+            lo, hi = shared["min_range"]
+            lines.append(
+                f"three jobs at a time under MPS: **{shared['min']} min** at the mean work of the "
+                f"{shared['mixes']} three-job mixes measured ({shared['work_mean']}; {lo}–{hi} min between the "
+                "best and worst mix)"
+            )
     return "\n".join(lines)
 
 
@@ -340,23 +391,30 @@ def main(argv: list[str] | None = None) -> None:
         "rows": [],
     }
     alone: dict[str, float] = {}  # a job's interval when it had the GPU to itself
-    earlier = json.loads(Path(args.alone).read_text())["alone_interval_s"] if args.alone else {}
+    first: dict[str, float] = {}  # ... and its seconds from start to first event (start-up and warm-up)
+    earlier = json.loads(Path(args.alone).read_text()) if args.alone else {}
     for jobs, mps in plan:
         t0 = time.time()
         row = run_config(jobs, mps, args, out)
         row["wall_s"] = round(time.time() - t0, 1)
         if "error" not in row and len(jobs) == 1 and not mps and row["interval_s"][0]:
             alone.setdefault(jobs[0], row["interval_s"][0])
+            first.setdefault(jobs[0], row["start_to_first_event_s"][0])
         log.info("%s", row)
         res["rows"].append(row)
         (out / "share.json").write_text(json.dumps(res, indent=1))
     own = set(alone)
-    alone = {**earlier, **alone}
+    alone = {**earlier.get("alone_interval_s", {}), **alone}
+    first = {**earlier.get("alone_first_event_s", {}), **first}
     for row in res["rows"]:
         if "error" not in row:
             row["work"] = work(row, alone)
     res["alone_interval_s"] = alone
+    res["alone_first_event_s"] = first
     res["alone_from"] = {j: "this run" if j in own else args.alone for j in alone}
+    solo = recipe_minutes(alone, first, args.eval_chats)
+    if solo:
+        res["recipe"] = {"one_at_a_time": solo, "three_under_mps": shared_recipe(solo["min"], res["rows"])}
     (out / "share.json").write_text(json.dumps(res, indent=1))
     print(table(res))
     (out / "share.md").write_text(table(res) + "\n")

@@ -170,6 +170,27 @@ def test_share_plan_items_and_the_work_a_configuration_does():
     assert share.work({"jobs": ["grpo", "ada"], "interval_s": [8.0, 8.0]}, alone) is None
 
 
+def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
+    """One job at a time: 3 runs an arm of (start to first step + 79 steps) and 37 evals (start to end
+    of the first, its steady part scaled to 600 chats); three at a time: that over the mean work of the three-job MPS mixes."""
+    share = _bench_module("share")
+    alone = {"grpo": 4.0, "ada": 6.0, "raft": 3.0, "mixed": 5.0, "eval": 20.0}
+    first = {"grpo": 40.0, "ada": 60.0, "raft": 30.0, "mixed": 50.0, "eval": 45.0}
+    one = share.recipe_minutes(alone, first, eval_chats=300)
+    runs = 3 * (180 + 79 * 18.0)  # the four arms' first events and steady steps
+    assert one["eval_s"] == 65.0 and one["min"] == round((runs + 37 * 65.0) / 60, 1)  # 25 s start-up + 2 x 20
+    assert share.recipe_minutes({k: v for k, v in alone.items() if k != "ada"}, first, 600) is None
+    rows = [
+        {"mps": True, "runs": 3, "work": 1.2},
+        {"mps": True, "runs": 3, "work": 1.6},
+        {"mps": True, "runs": 2, "work": 3.0},  # not a three-job mix
+        {"mps": False, "runs": 3, "work": 1.0},  # not under MPS
+    ]
+    shared = share.shared_recipe(70.0, rows)
+    assert shared == {"mixes": 2, "work_mean": 1.4, "min": 50.0, "min_range": [43.8, 58.3]}
+    assert share.shared_recipe(70.0, rows[2:]) is None
+
+
 def test_the_guards_sampler_check_compares_both_triton_samplers_with_the_torch_rule():
     """The GPU guard's sampler section, run under Triton's interpreter on a small vocabulary."""
     pytest.importorskip("triton")
