@@ -58,9 +58,7 @@ def worker(args) -> None:
     """One job; writes each event's end time (wall clock, shared by all jobs) and peak memory."""
     import torch
 
-    sys.path.insert(0, str(REPO / "bench"))
-    import speed
-
+    speed = _speed()
     t_start = time.time()
     deadline = args.deadline
     ends: list[float] = []
@@ -174,7 +172,12 @@ def work(row: dict, alone: dict[str, float]) -> float | None:
     return round(sum(alone[j] / s for j, s in zip(row["jobs"], row["interval_s"], strict=True)), 3)
 
 
-RECIPE = {"runs_per_arm": 3, "steps": 80, "evals": 37, "eval_chats": 600}  # 4 arms x 3 seeds; 3 evals a run + base
+def _speed():
+    """bench/speed.py, for the recipe's size and the eval setup (heavy imports: only where used)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import speed
+
+    return speed
 
 
 def recipe_minutes(alone: dict[str, float], first: dict[str, float], eval_chats: int) -> dict | None:
@@ -183,9 +186,10 @@ def recipe_minutes(alone: dict[str, float], first: dict[str, float], eval_chats:
     eval, scaled to 600 chats. None unless every arm and the eval have a solo."""
     if any(j not in alone or j not in first for j in (*ARMS, "eval")):
         return None
-    run_s = {a: first[a] + (RECIPE["steps"] - 1) * alone[a] for a in ARMS}
-    eval_s = first["eval"] + alone["eval"] * (RECIPE["eval_chats"] / eval_chats - 1)  # start-up is not per chat
-    total = RECIPE["runs_per_arm"] * sum(run_s.values()) + RECIPE["evals"] * eval_s
+    speed = _speed()
+    run_s = {a: first[a] + (speed.RECIPE_STEPS - 1) * alone[a] for a in ARMS}
+    eval_s = first["eval"] + alone["eval"] * (speed.RECIPE_EVAL_CHATS / eval_chats - 1)  # start-up is not per chat
+    total = speed.RECIPE_SEEDS * sum(run_s.values()) + speed.recipe_evals(len(ARMS)) * eval_s
     return {
         "run_s": {a: round(v, 1) for a, v in run_s.items()},
         "eval_s": round(eval_s, 1),
@@ -308,7 +312,7 @@ def table(res: dict) -> str:
         lines += [
             "",
             f"full recipe from these solos ({s['micro_batches']} micro-batches; a run: start to first step + "
-            f"{RECIPE['steps'] - 1} steady steps; an eval: start to end of its first): "
+            f"{_speed().RECIPE_STEPS - 1} steady steps; an eval: start to end of its first): "
             f"**{one['min']} min one job at a time** "
             f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in one['run_s'].items())}; eval {one['eval_s']:.0f} s)",
         ]

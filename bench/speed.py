@@ -57,9 +57,20 @@ from talkmethods.engines.fast.generator import (
 from talkmethods.engines.plain import PlainGenerator  # noqa: E402
 from talkmethods.engines.sampling import Sampling, sample_with_logprob  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype  # noqa: E402
+from talkmethods.recipe import RUN_EVAL_KINDS  # noqa: E402
 
 log = logging.getLogger("bench")
 ARMS = ("grpo", "ada", "raft", "mixed")
+RECIPE_STEPS, RECIPE_SEEDS, RECIPE_EVAL_CHATS = (
+    80,
+    3,
+    600,
+)  # the full recipe both projections scale to (share.py's too)
+
+
+def recipe_evals(n_arms: int) -> int:
+    """Evals the full recipe plays: every run's kinds (held-out and both cross-plays) plus the base's once."""
+    return n_arms * RECIPE_SEEDS * len(RUN_EVAL_KINDS) + 1
 
 
 def _sync():
@@ -797,7 +808,7 @@ def project(arm_rows: list[dict], ev: dict, args) -> dict:
             "run_s": round(args.recipe_steps * step_s + first_extra + startup, 1),
         }
     train_s = args.recipe_seeds * sum(v["run_s"] for v in per_arm.values())
-    n_evals = len(args.arms) * args.recipe_seeds * 3 + 1  # eval, crossplay, crossplay_bA per run + base
+    n_evals = recipe_evals(len(args.arms))
     eval_s = n_evals * (ev["wall_s"] * (args.recipe_eval_chats / ev["chats"]) + (ev.get("startup_s") or 0.0))
     return {
         "per_arm": per_arm,
@@ -902,7 +913,7 @@ def main(argv: list[str] | None = None) -> None:
     args.problems_per_step = 2 if q else 8
     args.lora_r = 4 if q else 32
     args.eval_chats = 8 if q else 600
-    args.recipe_steps, args.recipe_seeds, args.recipe_eval_chats = 80, 3, 600
+    args.recipe_steps, args.recipe_seeds, args.recipe_eval_chats = RECIPE_STEPS, RECIPE_SEEDS, RECIPE_EVAL_CHATS
     skip = set(filter(None, args.skip.split(",")))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
