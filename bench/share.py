@@ -326,6 +326,25 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _note_solo(row: dict, alone: dict[str, float], first: dict[str, float]) -> None:
+    """A job that ran by itself, without MPS: its interval and start-up, the first such row of it kept."""
+    if "error" not in row and len(row["jobs"]) == 1 and not row["mps"] and row["interval_s"][0]:
+        alone.setdefault(row["jobs"][0], row["interval_s"][0])
+        first.setdefault(row["jobs"][0], row["start_to_first_event_s"][0])
+
+
+def _device() -> str:
+    import platform
+
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
+
+
+def _settings(args) -> dict:
+    return {k: v for k, v in vars(args).items() if k not in ("out", "result", "worker", "job", "deadline", "rows")}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/share")
@@ -351,6 +370,11 @@ def main(argv: list[str] | None = None) -> None:
         "--alone",
         help="a share.json of an earlier run: its jobs' rates alone serve this run's work figures "
         "(this run's own solos take precedence)",
+    )
+    ap.add_argument(
+        "--rows",
+        help="a share.json whose configurations are reported again instead of run (no job starts): with "
+        "--alone, the mixes of one device call priced by the solos of another",
     )
     ap.add_argument("--quick", action="store_true", help="tiny sizes on the offline model: checks the code path")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -382,41 +406,39 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         ap.error(str(err))
 
-    import platform
-
-    import torch
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
-    res = {
-        "device": device,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "result", "worker", "job", "deadline")},
-        "rows": [],
-    }
     alone: dict[str, float] = {}  # a job's interval when it had the GPU to itself
     first: dict[str, float] = {}  # ... and its seconds from start to first event (start-up and warm-up)
     earlier = json.loads(Path(args.alone).read_text()) if args.alone else {}
-    for jobs, mps in plan:
-        t0 = time.time()
-        row = run_config(jobs, mps, args, out)
-        row["wall_s"] = round(time.time() - t0, 1)
-        if "error" not in row and len(jobs) == 1 and not mps and row["interval_s"][0]:
-            alone.setdefault(jobs[0], row["interval_s"][0])
-            first.setdefault(jobs[0], row["start_to_first_event_s"][0])
-        log.info("%s", row)
-        res["rows"].append(row)
-        (out / "share.json").write_text(json.dumps(res, indent=1))
+    if args.rows:
+        res = json.loads(Path(args.rows).read_text())
+        res = {"device": res["device"], "settings": res["settings"], "rows": res["rows"], "rows_from": args.rows}
+        for row in res["rows"]:
+            _note_solo(row, alone, first)
+    else:
+        res = {"device": _device(), "settings": _settings(args), "rows": []}
+        for jobs, mps in plan:
+            t0 = time.time()
+            row = run_config(jobs, mps, args, out)
+            row["wall_s"] = round(time.time() - t0, 1)
+            _note_solo(row, alone, first)
+            log.info("%s", row)
+            res["rows"].append(row)
+            (out / "share.json").write_text(json.dumps(res, indent=1))
     own = set(alone)
-    alone = {**earlier.get("alone_interval_s", {}), **alone}
-    first = {**earlier.get("alone_first_event_s", {}), **first}
+    e_alone, e_first = dict(earlier.get("alone_interval_s", {})), dict(earlier.get("alone_first_event_s", {}))
+    for row in earlier.get("rows", []):  # an earlier run cut short wrote its rows but not its solos
+        _note_solo(row, e_alone, e_first)
+    alone = {**e_alone, **alone}
+    first = {**e_first, **first}
     for row in res["rows"]:
         if "error" not in row:
             row["work"] = work(row, alone)
     res["alone_interval_s"] = alone
     res["alone_first_event_s"] = first
-    res["alone_from"] = {j: "this run" if j in own else args.alone for j in alone}
-    solo = recipe_minutes(alone, first, args.eval_chats)
+    res["alone_from"] = {j: (args.rows or "this run") if j in own else args.alone for j in alone}
+    solo = recipe_minutes(alone, first, res["settings"]["eval_chats"])
     if solo:
         res["recipe"] = {"one_at_a_time": solo, "three_under_mps": shared_recipe(solo["min"], res["rows"])}
     (out / "share.json").write_text(json.dumps(res, indent=1))

@@ -150,6 +150,16 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     # a later run takes its solos from this one's share.json
     later = _share(tmp_path / "later", "--plan", "grpo+eval", "--alone", str(tmp_path / "share.json"))
     assert later["rows"][0]["work"] > 0 and set(later["alone_from"].values()) == {str(tmp_path / "share.json")}
+    # one device call's mixes priced by another's solos, with no job run; solos also come from the
+    # rows of a run cut short before it wrote them out
+    cut = {k: v for k, v in res.items() if not k.startswith("alone")}
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    again = _share(
+        tmp_path / "again", "--rows", str(tmp_path / "later" / "share.json"), "--alone", str(tmp_path / "cut.json")
+    )
+    assert again["rows"] == later["rows"] and again["rows_from"] == str(tmp_path / "later" / "share.json")
+    assert again["alone_interval_s"] == res["alone_interval_s"]
+    assert not list((tmp_path / "again").glob("*.log")), "--rows starts no job"
 
 
 def test_share_plan_items_and_the_work_a_configuration_does():
