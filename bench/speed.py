@@ -475,8 +475,6 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     over the length-grouped micro-batches plus ``backward``, timed, then run again under
     torch.profiler and its kernels summed by kind.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     from talkmethods.training.build import build_trainer
     from talkmethods.training.rows import group_by_length, width_step_for
 
@@ -514,14 +512,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
 
     step()  # allocator and autotuning warm-up
     _, wall = _timed(step)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        step()
-        _sync()
-    kern = {e.key: (e.device_time_total, e.count) for e in prof.key_averages() if _is_kernel(e)}
-    kinds: dict[str, float] = {}
-    for k, (t, _) in kern.items():
-        kinds[_kind(k)] = kinds.get(_kind(k), 0.0) + t
+    kern, kinds = _step_kernels(step, device)
     real = int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
     padded = sum(mb["prompt_ids"].numel() + mb["completion_ids"].numel() for mb in parts)
     n_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
@@ -547,6 +538,21 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     trainer = model = None  # (not del: step() names them)
     _free()
     return res
+
+
+def _step_kernels(step, device) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
+    """One ``step()`` under torch.profiler: each GPU kernel's (µs, calls), and µs summed by kind."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step()
+        _sync()
+    kern = {e.key: (e.device_time_total, e.count) for e in prof.key_averages() if _is_kernel(e)}
+    kinds: dict[str, float] = {}
+    for k, (t, _) in kern.items():
+        kinds[_kind(k)] = kinds.get(_kind(k), 0.0) + t
+    return kern, kinds
 
 
 def _train_variants(model, batch, parts, step, device, args) -> dict:
@@ -634,6 +640,17 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
             )
             out["liger_" + "+".join(pieces)] = measured(2)
         out["liger"] = out["liger_" + "+".join(pieces)]
+        # where the adopted step's time goes now, and whether other cuts of its rows pay
+        _, kinds = _step_kernels(step, device)
+        out["liger"]["by_kind_ms"] = {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+        out["liger"]["gpu_ms"] = round(sum(kinds.values()) / 1000, 1)
+        out["liger_micro_batches"] = {}
+        for k in sorted({max(n // 2, 1), max(n // 4, 1), 2 * n} - {n}):
+            split(k)
+            step()  # a new shape's first call
+            _, wall = _timed(step)
+            out["liger_micro_batches"][k] = round(wall, 3)
+        split(n)
         _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
@@ -1103,6 +1120,13 @@ def table(res: dict) -> str:
             lines.append(
                 f"- eager's noise floor: {t['noise_floor']['grad_rel_diff']:.2e} ({t['noise_floor']['what']})"
             )
+            if "by_kind_ms" in t.get("liger", {}):
+                lines.append(
+                    f"- the Liger step's {t['liger']['gpu_ms']} ms of kernels: "
+                    + ", ".join(f"{k} {v}" for k, v in t["liger"]["by_kind_ms"].items())
+                    + " ms; other micro-batch counts: "
+                    + ", ".join(f"{k}: {v} s" for k, v in t["liger_micro_batches"].items())
+                )
         lines.append("")
     if "eval" in res:
         e = res["eval"]
