@@ -197,15 +197,17 @@ def recipe_minutes(alone: dict[str, float], first: dict[str, float], eval_chats:
     }
 
 
-def shared_recipe(solo_min: float, rows: list[dict]) -> dict | None:
-    """The recipe with its jobs three at a time under MPS: the solo minutes over the work of the measured
-    three-job MPS mixes (mean, and the range between the worst and best mix). Every mix weighs the same,
-    whatever share of the recipe its jobs are: an estimate, not a scheduled sweep."""
-    works = [r["work"] for r in rows if r["mps"] and r["runs"] == 3 and r.get("work")]
+def shared_recipe(solo_min: float, rows: list[dict], k: int = 3) -> dict | None:
+    """The recipe with its jobs ``k`` at a time under MPS (3 on a 141 GB H200, 2 on an 80 GB card): the
+    solo minutes over the work of the measured k-job MPS mixes (mean, and the range between the worst and
+    best mix). Every mix weighs the same, whatever share of the recipe its jobs are: an estimate, not a
+    scheduled sweep."""
+    works = [r["work"] for r in rows if r["mps"] and r["runs"] == k and r.get("work")]
     if not works:
         return None
     mean = sum(works) / len(works)
     return {
+        "jobs": k,
         "mixes": len(works),
         "work_mean": round(mean, 3),
         "min": round(solo_min / mean, 1),
@@ -308,7 +310,7 @@ def table(res: dict) -> str:
             f"{', '.join(map(str, r['interval_s']))} | {mem} | {r['overlap_s']} |"
         )
     if "recipe" in res:
-        one, shared = res["recipe"]["one_at_a_time"], res["recipe"]["three_under_mps"]
+        one = res["recipe"]["one_at_a_time"]
         lines += [
             "",
             f"full recipe from these solos ({s['micro_batches']} micro-batches; a run: start to first step + "
@@ -316,11 +318,12 @@ def table(res: dict) -> str:
             f"**{one['min']} min one job at a time** "
             f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in one['run_s'].items())}; eval {one['eval_s']:.0f} s)",
         ]
-        if shared:
+        for shared in res["recipe"]["under_mps"]:
             lo, hi = shared["min_range"]
+            k = shared["jobs"]
             lines.append(
-                f"three jobs at a time under MPS: **{shared['min']} min** at the mean work of the "
-                f"{shared['mixes']} three-job mixes measured ({shared['work_mean']}; {lo}–{hi} min between the "
+                f"{k} jobs at a time under MPS: **{shared['min']} min** at the mean work of the "
+                f"{shared['mixes']} {k}-job mixes measured ({shared['work_mean']}; {lo}–{hi} min between the "
                 "best and worst mix)"
             )
     return "\n".join(lines)
@@ -440,7 +443,9 @@ def main(argv: list[str] | None = None) -> None:
     res["alone_from"] = {j: (args.rows or "this run") if j in own else args.alone for j in alone}
     solo = recipe_minutes(alone, first, res["settings"]["eval_chats"])
     if solo:
-        res["recipe"] = {"one_at_a_time": solo, "three_under_mps": shared_recipe(solo["min"], res["rows"])}
+        ks = sorted({r["runs"] for r in res["rows"] if r["mps"] and r["runs"] > 1})
+        under = [x for k in ks if (x := shared_recipe(solo["min"], res["rows"], k))]
+        res["recipe"] = {"one_at_a_time": solo, "under_mps": under}
     (out / "share.json").write_text(json.dumps(res, indent=1))
     print(table(res))
     (out / "share.md").write_text(table(res) + "\n")

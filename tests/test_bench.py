@@ -197,8 +197,10 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
         {"mps": False, "runs": 3, "work": 1.0},  # not under MPS
     ]
     shared = share.shared_recipe(70.0, rows)
-    assert shared == {"mixes": 2, "work_mean": 1.4, "min": 50.0, "min_range": [43.8, 58.3]}
-    assert share.shared_recipe(70.0, rows[2:]) is None
+    assert shared == {"jobs": 3, "mixes": 2, "work_mean": 1.4, "min": 50.0, "min_range": [43.8, 58.3]}
+    assert share.shared_recipe(70.0, rows[3:]) is None
+    two = share.shared_recipe(70.0, rows, k=2)  # an 80 GB card holds two jobs
+    assert two == {"jobs": 2, "mixes": 1, "work_mean": 3.0, "min": 23.3, "min_range": [23.3, 23.3]}
 
 
 def test_the_guards_sampler_check_compares_both_triton_samplers_with_the_torch_rule():
