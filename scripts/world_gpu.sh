@@ -2,14 +2,18 @@
 # The toy-world comparison on one GPU (world-gpu.yaml), as run on the H200 for docs/world_gpu_card.md.
 #   bash scripts/world_gpu.sh [seconds]   # stops Snakemake after that many seconds (default: no limit)
 # Run it again to go on: Snakemake picks up where it stopped (--rerun-incomplete; training resumes
-# from its checkpoints). Wheels in .whl/ (see README) are installed first where packages are missing.
+# from its checkpoints). Packages the host lacks come from .whl/site.tar.xz (scripts/device_site.sh) or
+# wheels in .whl/ (see README), installed first.
 # What a reader needs comes back in $OUT (or .gpu/): the card, the summary, the step logs and timings.
 set -uo pipefail
 limit=${1:-0}
 jobs=${JOBS:-8}
 out=${OUT:-.gpu}
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" > /dev/null; then
+if [ -f .whl/site.tar.xz ]; then  # packed by scripts/device_site.sh; the path must name site-packages (dill)
+  mkdir -p /tmp/sp/site-packages && tar -xJf .whl/site.tar.xz -C /tmp/sp/site-packages || exit 1
+  export PYTHONPATH=/tmp/sp/site-packages
+elif compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
