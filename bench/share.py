@@ -456,9 +456,8 @@ def main(argv: list[str] | None = None) -> None:
             row["work"] = work(row, alone)
     res["alone_interval_s"] = alone
     res["alone_first_event_s"] = first
-    res["first_event_cold_s"] = {
-        j: t for j, t in cold.items() if t > first[j]
-    }  # this run's jobs solo'd more than once
+    # this run's jobs solo'd more than once, where the slowest start was slower than the quickest
+    res["first_event_cold_s"] = {j: t for j, t in cold.items() if t > first[j]}
     res["alone_from"] = {j: (args.rows or "this run") if j in own else args.alone for j in alone}
     solo = recipe_minutes(alone, first, res["settings"]["eval_chats"])
     if solo:

@@ -61,11 +61,8 @@ from talkmethods.recipe import RUN_EVAL_KINDS  # noqa: E402
 
 log = logging.getLogger("bench")
 ARMS = ("grpo", "ada", "raft", "mixed")
-RECIPE_STEPS, RECIPE_SEEDS, RECIPE_EVAL_CHATS = (
-    80,
-    3,
-    600,
-)  # the full recipe both projections scale to (share.py's too)
+# the full recipe both projections scale to (share.py's too)
+RECIPE_STEPS, RECIPE_SEEDS, RECIPE_EVAL_CHATS = 80, 3, 600
 
 
 def recipe_evals(n_arms: int) -> int:

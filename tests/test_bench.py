@@ -134,10 +134,10 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     import shutil
 
     res = _share(tmp_path, "--plan", "1,eval,raft+eval,2m,grpo")
-    one, ev, mix, mps, again = res["rows"]
+    one, ev, mix, mps, second = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [["grpo"], ["eval"], ["raft", "eval"], ["grpo", "grpo"], ["grpo"]]
     # a job solo'd twice: the projection takes its quicker start (warm compile caches), the slower is kept
-    starts = [one["start_to_first_event_s"][0], again["start_to_first_event_s"][0]]
+    starts = [one["start_to_first_event_s"][0], second["start_to_first_event_s"][0]]
     assert res["alone_first_event_s"]["grpo"] == min(starts)
     assert res["first_event_cold_s"] == ({"grpo": max(starts)} if max(starts) > min(starts) else {})
     assert not one["mps"] and mps["mps"]
