@@ -644,9 +644,13 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
         out["liger_micro_batches"] = {}
         for k in sorted({max(n // 2, 1), max(n // 4, 1), 2 * n} - {n}):
             split(k)
-            step()  # a new shape's first call
-            _, wall = _timed(step)
-            out["liger_micro_batches"][k] = round(wall, 3)
+            try:
+                step()  # a new shape's first call
+                _, wall = _timed(step)
+                out["liger_micro_batches"][k] = round(wall, 3)
+            except torch.OutOfMemoryError:  # fewer, bigger micro-batches may not fit an 80 GB card
+                out["liger_micro_batches"][k] = "out of memory"
+                _free()
         split(n)
         _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
@@ -1108,8 +1112,8 @@ def table(res: dict) -> str:
             for p in t.get("eager_pairs", []):
                 name = p["what"].split(" vs ")[0]
                 lines.append(f"| {name} | | {p['grad_rel_diff']:.2e} | {t['vs_fp32'].get(name, float('nan')):.2e} |")
-            for name, c in t.items():
-                if name.startswith("liger_") or name == "compiled_layers":
+            for name, c in t.items():  # the patched steps (not the micro-batch sweep beside them)
+                if (name.startswith("liger_") or name == "compiled_layers") and "first_step_s" in c:
                     lines.append(
                         f"| {name.replace('_', ' ', 1)} (first step {c['first_step_s']} s) | {c['wall_s']} | "
                         f"{c['grad_rel_diff']:.2e} | {c.get('grad_rel_diff_fp32', float('nan')):.2e} |"
@@ -1122,7 +1126,9 @@ def table(res: dict) -> str:
                     f"- the Liger step's {t['liger']['gpu_ms']} ms of kernels: "
                     + ", ".join(f"{k} {v}" for k, v in t["liger"]["by_kind_ms"].items())
                     + " ms; other micro-batch counts: "
-                    + ", ".join(f"{k}: {v} s" for k, v in t["liger_micro_batches"].items())
+                    + ", ".join(
+                        f"{k}: {v}" + (" s" * isinstance(v, float)) for k, v in t["liger_micro_batches"].items()
+                    )
                 )
         lines.append("")
     if "eval" in res:

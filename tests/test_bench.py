@@ -225,3 +225,46 @@ def test_the_guards_sampler_check_compares_both_triton_samplers_with_the_torch_r
     # bf16 logits: a few rows may sit on a boundary or tie, not more
     assert res["same_tokens"] >= 93 and res["top_same_tokens"] >= 90, res
     assert res["logp_max_abs_diff"] < 1e-4 and res["top_logp_max_abs_diff"] < 1e-4, res
+
+
+def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_steps():
+    """The shape ``--train-liger`` wrote on the H200 (2026-12-05): the micro-batch sweep, one count out of
+    memory, sits among the patched steps' keys and must not be read as one of them."""
+    speed = _bench_module("speed")
+    step = {"wall_s": 2.4, "first_step_s": 3.3, "loss": 0.0, "grad_rel_diff": 0.049, "grad_rel_diff_fp32": 0.048}
+    kinds = {"matmul": 751.7, "attention": 205.8}
+    profile = {
+        "arm": "raft",
+        "turns": 128,
+        "rows": 64,
+        "micro_batches": 8,
+        "tokens_real": 67570,
+        "tokens_padded": 72000,
+        "completion_tokens": 32768,
+        "wall_s": 2.0,
+        "tokens_per_s": 33543,
+        "tflops_4n": 207.1,
+        "gpu_ms": 1656.4,
+        "by_kind_ms": kinds,
+        "top": [],
+        "eager": {"wall_s": 2.5, "loss": 0.0},
+        "eager_pairs": [{"what": "eager, 4 micro-batches vs eager, 8", "grad_rel_diff": 0.0385}],
+        "vs_fp32": {"eager, 8 micro-batches": 0.0484, "eager, 4 micro-batches": 0.0489},
+        "noise_floor": {"what": "eager, 4 micro-batches vs eager, 8", "grad_rel_diff": 0.0385},
+        "liger_rms_norm": step,
+        "liger": {**step, "by_kind_ms": kinds, "gpu_ms": 1289.5},
+        "liger_micro_batches": {"2": "out of memory", "4": 1.433, "16": 4.289},
+    }
+    versions = {"torch": "2.11.0", "transformers": "5.23.0"}
+    text = speed.table(
+        {
+            "device": "NVIDIA H200",
+            "model": "random",
+            "dtype": "bfloat16",
+            "versions": versions,
+            "train_profile": profile,
+        }
+    )
+    assert "| liger rms_norm (first step 3.3 s) | 2.4 | 4.90e-02 | 4.80e-02 |" in text
+    assert "micro batches" not in text  # the sweep is not a table row
+    assert "other micro-batch counts: 2: out of memory, 4: 1.433 s, 16: 4.289 s" in text
