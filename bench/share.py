@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 log = logging.getLogger("share")
+T_PROCESS = time.time()  # a worker's start, before torch and the project are imported
 WARMUP = {"train": 2, "eval": 1}  # a job's first events pay compile, graph capture and the allocator's growth
 ARMS = ("grpo", "ada", "raft", "mixed")
 
@@ -121,6 +122,7 @@ def worker(args) -> None:
         "job": args.job,
         "liger": liger,
         "micro_batches": micro_batches,
+        "process_start": T_PROCESS,
         "start": t_start,
         "built": t_built,
         "ends": ends,
@@ -258,6 +260,10 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
         "peak_allocated_gib": [r["peak_allocated_gib"] for r in results],
         "peak_reserved_gib": [r["peak_reserved_gib"] for r in results],
         "start_to_first_event_s": [round(r["ends"][0] - r["start"], 1) for r in results],
+        # where a job's start goes: importing torch and the bench, building (tokenizer, model, trainer),
+        # then the first event's own extra (compile, graph capture) beyond a steady one
+        "import_s": [round(r["start"] - r["process_start"], 1) for r in results],
+        "build_s": [round(r["built"] - r["start"], 1) for r in results],
     }
 
 
@@ -295,19 +301,27 @@ def table(res: dict) -> str:
         f"{s['turn_tokens']} tokens, evals of {s['eval_chats']} chats; a job's rate past its first "
         f"{WARMUP['train']} steps / {WARMUP['eval']} eval; work = the sum of each job's rate over its rate alone",
         "",
-        "| jobs | MPS | training forward | work (GPUs' worth) | steps/s, all runs | s an event, each job | peak GiB each (allocated / reserved) | overlap s |",
-        "|---|---|---|---:|---:|---|---|---:|",
+        "| jobs | MPS | training forward | work (GPUs' worth) | steps/s, all runs | s an event, each job | start s, each job: imports + build + first event | peak GiB each (allocated / reserved) | overlap s |",
+        "|---|---|---|---:|---:|---|---|---|---:|",
     ]
     for r in res["rows"]:
         jobs = " + ".join(r["jobs"])
         if "error" in r:
-            lines.append(f"| {jobs} | {'yes' if r['mps'] else 'no'} | | failed: {r['error'][:300]} | | | | |")
+            lines.append(f"| {jobs} | {'yes' if r['mps'] else 'no'} | | failed: {r['error'][:300]} | | | | | |")
             continue
         fwd = ", ".join(sorted({"Liger" if lg else "eager" for lg in r["liger"] if lg is not None})) or "—"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
+        start = (
+            ", ".join(
+                f"{i} + {b} + {round(f - b, 1)}"
+                for i, b, f in zip(r["import_s"], r["build_s"], r["start_to_first_event_s"], strict=True)
+            )
+            if "build_s" in r
+            else "— + " + ", ".join(map(str, r["start_to_first_event_s"]))  # rows before the breakdown
+        )
         lines.append(
             f"| {jobs} | {'yes' if r['mps'] else 'no'} | {fwd} | {r.get('work') or '—'} | {r['steps_per_s'] or '—'} | "
-            f"{', '.join(map(str, r['interval_s']))} | {mem} | {r['overlap_s']} |"
+            f"{', '.join(map(str, r['interval_s']))} | {start} | {mem} | {r['overlap_s']} |"
         )
     if "recipe" in res:
         one = res["recipe"]["one_at_a_time"]
@@ -344,7 +358,8 @@ def _note_solo(row: dict, alone: dict[str, float], first: dict[str, float], cold
     2026-12-05: an eval's first 600 chats 85 s cold against 20 s steady), and a recipe pays that once a
     machine, not once a job: run a job's solo twice (``--plan eval,eval``) and the projection takes the warm one."""
     if "error" not in row and len(row["jobs"]) == 1 and not row["mps"] and row["interval_s"][0]:
-        job, t = row["jobs"][0], row["start_to_first_event_s"][0]
+        # from the process's start where the row has it (rows before 2026-12-05 timed from after the imports)
+        job, t = row["jobs"][0], round(row["start_to_first_event_s"][0] + row.get("import_s", [0.0])[0], 1)
         alone.setdefault(job, row["interval_s"][0])
         first[job] = min(first.get(job, t), t)
         if cold is not None:

@@ -137,8 +137,12 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     one, ev, mix, mps, second = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [["grpo"], ["eval"], ["raft", "eval"], ["grpo", "grpo"], ["grpo"]]
     # a job solo'd twice: the projection takes its quicker start (warm compile caches), the slower is kept
-    starts = [one["start_to_first_event_s"][0], second["start_to_first_event_s"][0]]
+    # (counted from the process's start: its imports, then building the job, then its first event)
+    starts = [round(r["start_to_first_event_s"][0] + r["import_s"][0], 1) for r in (one, second)]
     assert res["alone_first_event_s"]["grpo"] == min(starts)
+    for row in (one, ev, mix):
+        assert all(0 < i for i in row["import_s"]), row  # torch and the bench are imported after the clock starts
+        assert all(0 < b < f for b, f in zip(row["build_s"], row["start_to_first_event_s"], strict=True)), row
     assert res["first_event_cold_s"] == ({"grpo": max(starts)} if max(starts) > min(starts) else {})
     assert not one["mps"] and mps["mps"]
     assert ev["events"] == [2] and one["events"] == [3]
@@ -150,7 +154,10 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     assert set(res["alone_interval_s"]) == {"grpo", "eval"}
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]
-    assert "| jobs | MPS |" in (tmp_path / "share.md").read_text()
+    md = (tmp_path / "share.md").read_text()
+    assert "| jobs | MPS |" in md
+    i, b, f = one["import_s"][0], one["build_s"][0], one["start_to_first_event_s"][0]
+    assert f"| {i} + {b} + {round(f - b, 1)} |" in md
     # a later run takes its solos from this one's share.json
     later = _share(tmp_path / "later", "--plan", "grpo+eval", "--alone", str(tmp_path / "share.json"))
     assert later["rows"][0]["work"] > 0 and set(later["alone_from"].values()) == {str(tmp_path / "share.json")}
