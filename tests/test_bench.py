@@ -200,6 +200,8 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     one = share.recipe_minutes(alone, first, eval_chats=300)
     runs = 3 * (180 + 79 * 18.0)  # the four arms' first events and steady steps
     assert one["eval_s"] == 65.0 and one["min"] == round((runs + 37 * 65.0) / 60, 1)  # 25 s start-up + 2 x 20
+    # the starts beyond a steady event: 3 x (36 + 54 + 27 + 45) for the runs, 37 x 25 for the evals
+    assert one["start_min"] == round((3 * 162 + 37 * 25) / 60, 1)
     assert share.recipe_minutes({k: v for k, v in alone.items() if k != "ada"}, first, 600) is None
     rows = [
         {"mps": True, "runs": 3, "work": 1.2},
@@ -210,6 +212,8 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     shared = share.shared_recipe(70.0, rows)
     assert shared == {"jobs": 3, "mixes": 2, "work_mean": 1.4, "min": 50.0, "min_range": [43.8, 58.3]}
     assert share.shared_recipe(70.0, rows[3:]) is None
+    hidden = share.shared_recipe(70.0, rows, start_min=14.0)  # the starts' 14 min gone, the rest shared
+    assert hidden["min_starts_hidden"] == 40.0 and hidden["min"] == shared["min"]
     two = share.shared_recipe(70.0, rows, k=2)  # an 80 GB card holds two jobs
     assert two == {"jobs": 2, "mixes": 1, "work_mean": 3.0, "min": 23.3, "min_range": [23.3, 23.3]}
 
