@@ -33,3 +33,18 @@ use rule eval_run as eval_base with:
         "results/logs/eval/base.log",
     benchmark:
         "results/benchmarks/eval/base.tsv"
+
+
+# eval.one_job_per_run: a run's kinds in one job, one process start instead of three (each ~33 s on an
+# H100 beside 17.6 s of play); `snakemake results/raft/seed17/eval.json` then plays all three
+if config["eval"]["one_job_per_run"]:
+
+    use rule eval_run as eval_run_kinds with:
+        output:
+            [f"results/{{arm}}/seed{{seed}}/{kind}.json" for kind in EVAL_KINDS],
+        log:
+            "results/logs/eval/{arm}_seed{seed}_kinds.log",
+        benchmark:
+            "results/benchmarks/eval/{arm}_seed{seed}_kinds.tsv"
+
+    ruleorder: eval_run_kinds > eval_run

@@ -3,7 +3,8 @@
     python -m talkmethods split    --config config.yaml [--config offline.yaml] [--results results]
     python -m talkmethods warmstart --config ...   (configs with model.warmstart)
     python -m talkmethods train    --config ... --arm raft --seed 17
-    python -m talkmethods eval     --config ... --kind eval|crossplay|crossplay_bA|base [--arm --seed]
+    python -m talkmethods eval     --config ... --kind eval|crossplay|crossplay_bA|base|all [--arm --seed]
+                                   (all: the run's three kinds in one process, as eval.one_job_per_run)
     python -m talkmethods selftest [--out results/selftest.json]
 
 Bad config, bad data or a missing model end with one line naming the cause, not a traceback.
@@ -32,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--arm")
             p.add_argument("--seed", type=int)
         if name == "eval":
-            p.add_argument("--kind", default="eval", choices=[*RUN_EVAL_KINDS, "base"])
+            p.add_argument("--kind", default="eval", choices=[*RUN_EVAL_KINDS, "base", "all"])
     p = sub.add_parser("selftest")
     p.add_argument("--out", default=None)
     return ap
@@ -93,7 +94,7 @@ def _run(args) -> int:
     _exists(r / "data/heldout.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
     if cfg["model"]["warmstart"]:
         _exists(r / C.WARMSTART_MODEL, warm)
-    from talkmethods.evaluate import eval_stage
+    from talkmethods.evaluate import eval_stage, eval_stages
 
     if args.kind == "base":
         eval_stage(C.eval_params(cfg, str(r)), "base", r / "data/heldout.jsonl", None, r / "base/eval.json")
@@ -101,12 +102,13 @@ def _run(args) -> int:
     _need(args, "arm", "seed")
     run = r / args.arm / f"seed{args.seed}"
     _exists(run / "adapter", f"train it first: `python -m talkmethods train --arm {args.arm} --seed {args.seed}`")
-    eval_stage(
+    kinds = list(RUN_EVAL_KINDS) if args.kind == "all" else [args.kind]
+    eval_stages(
         C.eval_params(cfg, str(r)),
-        args.kind,
+        kinds,
         r / "data/heldout.jsonl",
         str(run / "adapter"),
-        run / f"{args.kind}.json",
+        [run / f"{kind}.json" for kind in kinds],
         arm=args.arm,
         seed=args.seed,
     )

@@ -120,6 +120,20 @@ def test_one_run_target_builds_that_run_and_nothing_else(tmp_path):
     assert job_counts(res.stdout + res.stderr) == {"split": 1, "warmstart": 1, "train": 1, "eval_run": 1}
 
 
+def test_one_job_per_run_plans_one_eval_job_a_run(tmp_path):
+    """eval.one_job_per_run: a run's three kinds in one job, for the card and for one kind's target alike."""
+    overlay = tmp_path / "one_job.yaml"
+    overlay.write_text("eval:\n  one_job_per_run: true\n")
+    res = snakemake(["-n", "results/card.png"], tmp_path, overlays=(overlay,))
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = job_counts(res.stdout + res.stderr)
+    n = len(ARMS) * len(SEEDS)
+    assert counts["eval_run_kinds"] == n and "eval_run" not in counts and counts["eval_base"] == 1, counts
+    res = snakemake(["-n", "results/raft/seed17/eval.json"], tmp_path, overlays=(overlay,))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert job_counts(res.stdout + res.stderr) == {"split": 1, "warmstart": 1, "train": 1, "eval_run_kinds": 1}
+
+
 def test_arm_target_trains_and_evaluates_all_its_seeds(tmp_path):
     res = snakemake(["-n", "arm_raft"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -231,6 +245,40 @@ def test_eval_jsons_validate_against_the_schema(demo):
         obj = json.loads(p.read_text())
         jsonschema.validate(obj, schema)
         assert obj["counts"]["chats"] == 2 * obj["counts"]["problems"], p
+
+
+@pytest.mark.slow
+def test_one_eval_job_a_run_writes_what_three_jobs_wrote(demo, tmp_path):
+    """eval.one_job_per_run on a built run: one job, one process, the three kinds' JSONs, each with the
+    chats, metrics and samples its own job wrote (each kind plays from the eval seed)."""
+    wf, run = demo
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    overlay = tmp_path / "one_job.yaml"
+    overlay.write_text("eval:\n  one_job_per_run: true\n")
+    paths = [copy / f"results/raft/seed17/{k}.json" for k in KINDS]
+    alone = [json.loads(p.read_text()) for p in paths]
+    for p in paths:
+        p.unlink()
+    res = snakemake(
+        ["-j1", "--cores", "1", "results/raft/seed17/eval.json", "--set-threads", "eval_run_kinds=1"],
+        copy,
+        wf / "Snakefile",
+        overlays=(overlay,),
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert job_counts(res.stdout + res.stderr) == {"eval_run_kinds": 1}
+    for kind, before, p in zip(KINDS, alone, paths, strict=True):
+        after = json.loads(p.read_text())
+        assert after["provenance"]["played_with"] == KINDS
+        for key in ("kind", "arm", "seed", "config", "counts", "metrics", "per_problem", "samples"):
+            assert after[key] == before[key], (kind, key)
+    # the flag is no eval parameter: with it or without, no eval reruns (the three new files make the
+    # aggregate and the card stale, nothing else)
+    for overlays in ((overlay,), ()):
+        res = snakemake(["-n", "results/card.png"], copy, wf / "Snakefile", overlays=overlays)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert job_counts(res.stdout + res.stderr) == {"aggregate": 1, "card": 1}, res.stdout[-2000:]
 
 
 @pytest.mark.slow

@@ -435,8 +435,11 @@ def test_killed_snakemake_run_recovers_with_unlock_and_rerun_incomplete(tmp_path
 # Determinism ----------------------------------------------------------------------------------------
 
 
-def _run_all_stages(root: Path) -> None:
-    """Split, train (4 steps) and eval the small config in ``root`` (relative paths, as Snakemake runs them)."""
+def _run_all_stages(root: Path, one_eval_job: bool = False) -> None:
+    """Split, train (4 steps) and eval the small config in ``root`` (relative paths, as Snakemake runs them):
+    the run's kinds eval and crossplay_bA each in its own call, or (``one_eval_job``) all three in one
+    (``python -m talkmethods eval --kind all``)."""
+    from talkmethods.cli import main
     from talkmethods.config import eval_params, load_config, split_params, train_params
     from talkmethods.evaluate import eval_stage
     from talkmethods.split import split_stage
@@ -458,15 +461,20 @@ def _run_all_stages(root: Path) -> None:
         train_stage(
             train_params(cfg, ARM, SEED), "results/data/train.jsonl", f"{RUN}/adapter", f"{RUN}/train_log.jsonl", WORK
         )
-        eval_stage(
-            eval_params(cfg),
-            "eval",
-            "results/data/heldout.jsonl",
-            f"{RUN}/adapter",
-            f"{RUN}/eval.json",
-            arm=ARM,
-            seed=SEED,
-        )
+        kinds = ["eval", "crossplay", "crossplay_bA"] if one_eval_job else ["eval", "crossplay_bA"]
+        if one_eval_job:
+            configs = ["--config", str(REPO / "config.yaml"), "--config", "small.yaml"]
+            assert main(["eval", *configs, "--kind", "all", "--arm", ARM, "--seed", str(SEED)]) == 0
+        for kind in [] if one_eval_job else kinds:
+            eval_stage(
+                eval_params(cfg),
+                kind,
+                "results/data/heldout.jsonl",
+                f"{RUN}/adapter",
+                f"{RUN}/{kind}.json",
+                arm=ARM,
+                seed=SEED,
+            )
         eval_stage(eval_params(cfg), "base", "results/data/heldout.jsonl", None, "results/base/eval.json")
     finally:
         os.chdir(cwd)
@@ -475,10 +483,12 @@ def _run_all_stages(root: Path) -> None:
 @pytest.mark.usefixtures("one_torch_thread")
 def test_same_config_and_seed_give_the_same_bytes(tmp_path):
     """Two runs in two directories: split files byte-identical, train logs identical but for gen_s and
-    train_s, eval JSON identical but for provenance.wall_s, adapters byte-identical."""
+    train_s, eval JSON identical but for provenance.wall_s, adapters byte-identical. The second plays
+    its run's evals in one call (eval.one_job_per_run): each kind as it plays alone, the third of
+    three (crossplay_bA) included."""
     a, b = tmp_path / "a", tmp_path / "b"
     _run_all_stages(a)
-    _run_all_stages(b)
+    _run_all_stages(b, one_eval_job=True)
     for name in ("train.jsonl", "heldout.jsonl", "split_stats.json"):
         assert (a / "results/data" / name).read_bytes() == (b / "results/data" / name).read_bytes(), name
     assert _log_steps(a / RUN / "train_log.jsonl") == [1, 2, 3, 4]
@@ -486,10 +496,14 @@ def test_same_config_and_seed_give_the_same_bytes(tmp_path):
     assert (a / RUN / "adapter/adapter_model.safetensors").read_bytes() == (
         b / RUN / "adapter/adapter_model.safetensors"
     ).read_bytes()
-    for path in (f"{RUN}/eval.json", "results/base/eval.json"):
+    for path in (f"{RUN}/eval.json", f"{RUN}/crossplay_bA.json", "results/base/eval.json"):
         ja, jb = json.loads((a / path).read_text()), json.loads((b / path).read_text())
         assert isinstance(ja["provenance"].pop("wall_s"), float)
         jb["provenance"].pop("wall_s")
+        played = ja["provenance"].pop("played_with"), jb["provenance"].pop("played_with")
+        assert played == (
+            (["base"], ["base"]) if "base" in path else ([ja["kind"]], ["eval", "crossplay", "crossplay_bA"])
+        )
         assert json.dumps(ja, sort_keys=True) == json.dumps(jb, sort_keys=True), path
         assert ja["counts"]["chats"] > 0
 
