@@ -2,10 +2,17 @@
 
 The repository root goes on ``sys.path`` so that a bare ``pytest`` (not only ``python -m pytest``)
 can import ``talkmethods``.
+
+``tests/no_slurm`` goes first on ``PATH`` for every Snakemake run the suite starts: the SLURM executor
+plugin runs ``scontrol show config`` whenever Snakemake starts (it builds the CLI from every installed
+plugin), and where SLURM's client is installed but no controller answers (as after the SLURM test) that
+waits 9 s, 59 s without a slurm.conf, on every dry run. The stand-in fails at once; the SLURM test
+(tests/test_slurm.py) takes it off ``PATH`` and talks to its real cluster.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+NO_SLURM = str(ROOT / "tests" / "no_slurm")
+os.environ["PATH"] = os.pathsep.join([NO_SLURM, os.environ.get("PATH", "")])
 
 
 @pytest.fixture(scope="session")

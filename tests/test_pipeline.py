@@ -161,6 +161,16 @@ def test_lint_is_clean(tmp_path):
     assert "Congratulations" in res.stdout + res.stderr
 
 
+def test_the_suites_snakemake_runs_meet_the_scontrol_stand_in():
+    """Every Snakemake start runs the SLURM plugin's ``scontrol show config``; the suite's runs must get
+    conftest's stand-in (an answer at once), not a client that waits 9-59 s for a controller that is not there."""
+    from conftest import NO_SLURM
+
+    assert shutil.which("scontrol") == os.path.join(NO_SLURM, "scontrol")
+    res = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=5)
+    assert res.returncode == 1 and "no SLURM controller" in res.stderr
+
+
 def test_dag_prints_dot_without_graphviz(tmp_path):
     res = snakemake(["results/card.png", "--dag"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]

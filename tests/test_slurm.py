@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import NO_SLURM
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -51,6 +52,7 @@ def test_offline_dag_through_slurm(tmp_path):
 
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != NO_SLURM)  # the real scontrol
 
     up, t_up = _run(["bash", str(SCRIPTS / "slurm_localhost.sh")], env, timeout=900)
     assert up.returncode == 0, f"local SLURM cluster did not start:\n{up.stdout}\n{up.stderr}"
