@@ -199,7 +199,7 @@ def fold(spec: ModelSpec, tokenizer, device, args) -> dict:
             else nullcontext()
         )
         with torch.no_grad(), ctx, nullcontext() if adapter else model.disable_adapter():
-            return model(ids).logits[:, -1].float()
+            return model(ids, logits_to_keep=1).logits[:, -1].float()  # the vocabulary head on one position, not 64
 
     def engine(adapter: bool) -> torch.Tensor:
         w = fast.weights[adapter]
