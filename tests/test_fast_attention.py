@@ -87,9 +87,10 @@ print("GREEDY", got == want, "LOGPDIFF", diff)
 compiled = FastGenerator(model, tok, graphs=False, compile=True, attention="triton")
 print("COMPILED", compiled.generate(prompts, on, GREEDY) == want)
 # chats whose seats continue their cached turns (holes of several sizes) are generate's chats
-from tests.test_fast_engine import _play_both
-probe = _play_both(model, tok, attention="triton")[1]
-lane, chats, plain = _play_both(model, tok, stop=probe[0].turns[0].completion_ids[3], attention="triton")
+# (the early stop is a token greedy play says fourth: generate's chats name it, the kernel's must match them)
+from tests.test_fast_engine import _play_both, _plain_chats
+stop = _plain_chats(model, tok)[0].turns[0].completion_ids[3]
+lane, chats, plain = _play_both(model, tok, stop=stop, attention="triton")
 print("LANES", [[t.completion_ids for t in c.turns] for c in chats] == [[t.completion_ids for t in c.turns] for c in plain],
       lane.timing["reused_tokens"] > 0)
 """

@@ -215,12 +215,25 @@ def test_compiled_engine_matches_generate_on_the_cpu(peft_model, qwen_tokenizer)
     assert fast.generate(longer, [True] * 3, GREEDY) == want
 
 
-def _play_both(peft_model, tok, stop=None, attention="auto"):
-    from talkmethods.rollout import play_chats
+def _chats_to_play():
     from tests.conftest import tiny_problems
 
     flat = [p for p in tiny_problems(3) for _ in range(2)]
     seats = [(True, True), (True, False)] * 3  # B's rows on two weight sets: two lanes
+    return flat, seats
+
+
+def _plain_chats(peft_model, tok):
+    """The chats ``_play_both`` plays, from ``generate`` alone (greedy, no extra stop)."""
+    from talkmethods.rollout import play_chats
+
+    return play_chats(PlainGenerator(peft_model, tok), tok, *_chats_to_play(), Sampling(max_new_tokens=10, top_k=1))[0]
+
+
+def _play_both(peft_model, tok, stop=None, attention="auto"):
+    from talkmethods.rollout import play_chats
+
+    flat, seats = _chats_to_play()
     fast, plain = FastGenerator(peft_model, tok, attention=attention), PlainGenerator(peft_model, tok)
     if stop is not None:  # rows then end their turns at different lengths
         for gen in (fast, plain):
@@ -239,8 +252,7 @@ def test_a_seats_second_turn_continues_its_cached_first_turn(peft_model, qwen_to
     whole dialogue: positions, the skipped stale columns and the cached prefix are right."""
     stop = None
     if early_stops:
-        _, probe, _ = _play_both(peft_model, qwen_tokenizer)
-        stop = probe[0].turns[0].completion_ids[3]
+        stop = _plain_chats(peft_model, qwen_tokenizer)[0].turns[0].completion_ids[3]
     fast, got, want = _play_both(peft_model, qwen_tokenizer, stop)
     assert [[(t.prompt_ids, t.completion_ids) for t in c.turns] for c in got] == [
         [(t.prompt_ids, t.completion_ids) for t in c.turns] for c in want
