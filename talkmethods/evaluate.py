@@ -7,6 +7,7 @@ Kinds of eval (which seats run the trained adapter):
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import re
@@ -80,10 +81,9 @@ def per_problem_rewards(chats: list[Chat]) -> dict:
     return {"ids": list(sums), "rewards": [sum(v) / len(v) for v in sums.values()]}
 
 
-def provenance(wall_s: float, device: torch.device) -> dict:
-    """Package versions, git revision, seconds and device of a run."""
-    from importlib.metadata import version
-
+@functools.cache
+def _git_rev() -> str | None:
+    """The checkout's short revision, asked once a process (a run's evals share it)."""
     try:
         rev = (
             subprocess.run(
@@ -97,6 +97,14 @@ def provenance(wall_s: float, device: torch.device) -> dict:
         )
     except (OSError, subprocess.SubprocessError):
         rev = None
+    return rev
+
+
+def provenance(wall_s: float, device: torch.device) -> dict:
+    """Package versions, git revision, seconds and device of a run."""
+    from importlib.metadata import version
+
+    rev = _git_rev()
     name = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
