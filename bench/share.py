@@ -195,11 +195,15 @@ def recipe_minutes(alone: dict[str, float], first: dict[str, float], eval_chats:
     total = speed.RECIPE_SEEDS * sum(run_s.values()) + n_evals * eval_s
     # a job's start: its first event's time beyond a steady one (imports, building, compile, capture)
     start = speed.RECIPE_SEEDS * sum(first[a] - alone[a] for a in ARMS) + n_evals * (first["eval"] - alone["eval"])
+    # eval.one_job_per_run: a run's three kinds in one process, so one eval start a run (and the base's)
+    eval_jobs = len(ARMS) * speed.RECIPE_SEEDS + 1
+    saved = (n_evals - eval_jobs) * (first["eval"] - alone["eval"])
     return {
         "run_s": {a: round(v, 1) for a, v in run_s.items()},
         "eval_s": round(eval_s, 1),
         "min": round(total / 60, 1),
         "start_min": round(start / 60, 1),
+        "one_job_per_run_min": round((total - saved) / 60, 1),
     }
 
 
@@ -344,6 +348,12 @@ def table(res: dict) -> str:
             f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in one['run_s'].items())}; eval {one['eval_s']:.0f} s), "
             f"of which {one['start_min']} min are the jobs' starts beyond a steady event",
         ]
+        if "one_job_per_run_min" in one:
+            lines.append(
+                f"with `eval.one_job_per_run: true` (a run's three evals in one process: "
+                f"{len(ARMS) * _speed().RECIPE_SEEDS + 1} eval starts, not {_speed().recipe_evals(len(ARMS))}): "
+                f"**{one['one_job_per_run_min']} min one job at a time** (arithmetic on these solos, not a run)"
+            )
         if res.get("first_event_cold_s"):
             lines.append(
                 "start to first event, a job's slowest solo (cold compile caches) → its quickest, which the "

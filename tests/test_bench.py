@@ -202,6 +202,8 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     assert one["eval_s"] == 65.0 and one["min"] == round((runs + 37 * 65.0) / 60, 1)  # 25 s start-up + 2 x 20
     # the starts beyond a steady event: 3 x (36 + 54 + 27 + 45) for the runs, 37 x 25 for the evals
     assert one["start_min"] == round((3 * 162 + 37 * 25) / 60, 1)
+    # a run's three evals in one job: 13 eval starts (12 runs and the base), 24 fewer
+    assert one["one_job_per_run_min"] == round((runs + 37 * 65.0 - 24 * 25) / 60, 1)
     assert share.recipe_minutes({k: v for k, v in alone.items() if k != "ada"}, first, 600) is None
     rows = [
         {"mps": True, "runs": 3, "work": 1.2},
@@ -216,6 +218,12 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     assert hidden["min_starts_hidden"] == 40.0 and hidden["min"] == shared["min"]
     two = share.shared_recipe(70.0, rows, k=2)  # an 80 GB card holds two jobs
     assert two == {"jobs": 2, "mixes": 1, "work_mean": 3.0, "min": 23.3, "min_range": [23.3, 23.3]}
+    settings = {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300}
+    md = share.table(
+        {"settings": settings, "device": "cpu", "rows": [], "recipe": {"one_at_a_time": one, "under_mps": [shared]}}
+    )
+    assert f"**{one['min']} min one job at a time**" in md and f"**{shared['min']} min**" in md
+    assert f"13 eval starts, not 37): **{one['one_job_per_run_min']} min one job at a time**" in md
 
 
 def test_the_guards_sampler_check_compares_both_triton_samplers_with_the_torch_rule():
