@@ -194,10 +194,10 @@ def recipe_minutes(alone: dict[str, float], first: dict[str, float], eval_chats:
     n_evals = speed.recipe_evals(len(ARMS))
     total = speed.RECIPE_SEEDS * sum(run_s.values()) + n_evals * eval_s
     # a job's start: its first event's time beyond a steady one (imports, building, compile, capture)
-    start = speed.RECIPE_SEEDS * sum(first[a] - alone[a] for a in ARMS) + n_evals * (first["eval"] - alone["eval"])
+    eval_start = first["eval"] - alone["eval"]
+    start = speed.RECIPE_SEEDS * sum(first[a] - alone[a] for a in ARMS) + n_evals * eval_start
     # eval.one_job_per_run: a run's three kinds in one process, so one eval start a run (and the base's)
-    eval_jobs = len(ARMS) * speed.RECIPE_SEEDS + 1
-    saved = (n_evals - eval_jobs) * (first["eval"] - alone["eval"])
+    saved = (n_evals - speed.recipe_eval_jobs_one_per_run(len(ARMS))) * eval_start
     return {
         "run_s": {a: round(v, 1) for a, v in run_s.items()},
         "eval_s": round(eval_s, 1),
@@ -351,7 +351,7 @@ def table(res: dict) -> str:
         if "one_job_per_run_min" in one:
             lines.append(
                 f"with `eval.one_job_per_run: true` (a run's three evals in one process: "
-                f"{len(ARMS) * _speed().RECIPE_SEEDS + 1} eval starts, not {_speed().recipe_evals(len(ARMS))}): "
+                f"{_speed().recipe_eval_jobs_one_per_run(len(ARMS))} eval starts, not {_speed().recipe_evals(len(ARMS))}): "
                 f"**{one['one_job_per_run_min']} min one job at a time** (arithmetic on these solos, not a run)"
             )
         if res.get("first_event_cold_s"):

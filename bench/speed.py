@@ -70,6 +70,11 @@ def recipe_evals(n_arms: int) -> int:
     return n_arms * RECIPE_SEEDS * len(RUN_EVAL_KINDS) + 1
 
 
+def recipe_eval_jobs_one_per_run(n_arms: int) -> int:
+    """Eval processes with ``eval.one_job_per_run: true``: one a run (its kinds together) plus the base's."""
+    return n_arms * RECIPE_SEEDS + 1
+
+
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -85,19 +85,16 @@ def per_problem_rewards(chats: list[Chat]) -> dict:
 def _git_rev() -> str | None:
     """The checkout's short revision, asked once a process (a run's evals share it)."""
     try:
-        rev = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-                timeout=10,
-            ).stdout.strip()
-            or None
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
-        rev = None
-    return rev
+        return None
+    return done.stdout.strip() or None
 
 
 def provenance(wall_s: float, device: torch.device) -> dict:

@@ -227,7 +227,7 @@ def _plain_chats(peft_model, tok):
     """The chats ``_play_both`` plays, from ``generate`` alone (greedy, no extra stop)."""
     from talkmethods.rollout import play_chats
 
-    return play_chats(PlainGenerator(peft_model, tok), tok, *_chats_to_play(), Sampling(max_new_tokens=10, top_k=1))[0]
+    return play_chats(PlainGenerator(peft_model, tok), tok, *_chats_to_play(), GREEDY)[0]
 
 
 def _play_both(peft_model, tok, stop=None, attention="auto"):
@@ -239,9 +239,8 @@ def _play_both(peft_model, tok, stop=None, attention="auto"):
         for gen in (fast, plain):
             gen.eos_ids = gen.eos_ids + [stop]
         fast.eos = torch.tensor(fast.eos_ids)
-    sampling = Sampling(max_new_tokens=10, top_k=1)
-    got, _ = play_chats(fast, tok, flat, seats, sampling)
-    want, _ = play_chats(plain, tok, flat, seats, sampling)
+    got, _ = play_chats(fast, tok, flat, seats, GREEDY)
+    want, _ = play_chats(plain, tok, flat, seats, GREEDY)
     return fast, got, want
 
 
