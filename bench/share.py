@@ -342,7 +342,7 @@ def table(res: dict) -> str:
         one = res["recipe"]["one_at_a_time"]
         lines += [
             "",
-            f"full recipe from these solos ({s['micro_batches']} micro-batches; a run: start to first step + "
+            f"full recipe from these solos ({_solo_mb(res, s)} micro-batches; a run: start to first step + "
             f"{_speed().RECIPE_STEPS - 1} steady steps; an eval: start to end of its first): "
             f"**{one['min']} min one job at a time** "
             f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in one['run_s'].items())}; eval {one['eval_s']:.0f} s), "
@@ -378,7 +378,15 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _note_solo(row: dict, alone: dict[str, float], first: dict[str, float], cold: dict | None = None) -> None:
+def _solo_mb(res: dict, settings: dict) -> str:
+    """The micro-batches the arms' solos ran at (an ``--alone`` file's may differ from this run's)."""
+    mbs = sorted({m for m in res.get("alone_micro_batches", {}).values() if m})
+    return ", ".join(map(str, mbs)) or str(settings["micro_batches"])
+
+
+def _note_solo(
+    row: dict, alone: dict[str, float], first: dict[str, float], cold: dict | None = None, mb: dict | None = None
+) -> None:
     """A job that ran by itself, without MPS: its interval (the first such row's) and its start to first
     event, the least of its rows (``cold``: the most). A process's first event pays for torch.compile and
     Triton's kernels unless an earlier process on the machine left them in the on-disk caches (H100,
@@ -388,6 +396,8 @@ def _note_solo(row: dict, alone: dict[str, float], first: dict[str, float], cold
         # from the process's start where the row has it (rows before 2026-12-05 timed from after the imports)
         job, t = row["jobs"][0], round(row["start_to_first_event_s"][0] + row.get("import_s", [0.0])[0], 1)
         alone.setdefault(job, row["interval_s"][0])
+        if mb is not None and job != "eval":  # the micro-batches its rate was measured at
+            mb.setdefault(job, row.get("micro_batches"))
         first[job] = min(first.get(job, t), t)
         if cold is not None:
             cold[job] = max(cold.get(job, t), t)
@@ -471,26 +481,28 @@ def main(argv: list[str] | None = None) -> None:
     alone: dict[str, float] = {}  # a job's interval when it had the GPU to itself
     first: dict[str, float] = {}  # ... and its seconds from start to first event (start-up and warm-up)
     cold: dict[str, float] = {}  # ... the most of those: where the machine's compile caches were cold
+    solo_mb: dict[str, int] = {}  # ... and the micro-batches an arm's solo ran at
     earlier = json.loads(Path(args.alone).read_text()) if args.alone else {}
     if args.rows:
         res = json.loads(Path(args.rows).read_text())
         res = {"device": res["device"], "settings": res["settings"], "rows": res["rows"], "rows_from": args.rows}
         for row in res["rows"]:
-            _note_solo(row, alone, first, cold)
+            _note_solo(row, alone, first, cold, solo_mb)
     else:
         res = {"device": _device(), "settings": _settings(args), "rows": []}
         for jobs, mps in plan:
             t0 = time.time()
             row = run_config(jobs, mps, args, out)
             row["wall_s"] = round(time.time() - t0, 1)
-            _note_solo(row, alone, first, cold)
+            _note_solo(row, alone, first, cold, solo_mb)
             log.info("%s", row)
             res["rows"].append(row)
             (out / "share.json").write_text(json.dumps(res, indent=1))
     own = set(alone)
     e_alone, e_first = dict(earlier.get("alone_interval_s", {})), dict(earlier.get("alone_first_event_s", {}))
+    e_mb = dict(earlier.get("alone_micro_batches", {}))
     for row in earlier.get("rows", []):  # an earlier run cut short wrote its rows but not its solos
-        _note_solo(row, e_alone, e_first)
+        _note_solo(row, e_alone, e_first, mb=e_mb)
     alone = {**e_alone, **alone}
     first = {**e_first, **first}
     for row in res["rows"]:
@@ -498,6 +510,7 @@ def main(argv: list[str] | None = None) -> None:
             row["work"] = work(row, alone)
     res["alone_interval_s"] = alone
     res["alone_first_event_s"] = first
+    res["alone_micro_batches"] = {**e_mb, **solo_mb}
     # this run's jobs solo'd more than once, where the slowest start was slower than the quickest
     res["first_event_cold_s"] = {j: t for j, t in cold.items() if t > first[j]}
     res["alone_from"] = {j: (args.rows or "this run") if j in own else args.alone for j in alone}

@@ -170,6 +170,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     )
     assert again["rows"] == later["rows"] and again["rows_from"] == str(tmp_path / "later" / "share.json")
     assert again["alone_interval_s"] == res["alone_interval_s"]
+    assert again["alone_micro_batches"] == {"grpo": one["micro_batches"]}  # the solos' own, not the rows'
     assert not list((tmp_path / "again").glob("*.log")), "--rows starts no job"
 
 
@@ -219,10 +220,16 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     two = share.shared_recipe(70.0, rows, k=2)  # an 80 GB card holds two jobs
     assert two == {"jobs": 2, "mixes": 1, "work_mean": 3.0, "min": 23.3, "min_range": [23.3, 23.3]}
     settings = {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300}
-    md = share.table(
-        {"settings": settings, "device": "cpu", "rows": [], "recipe": {"one_at_a_time": one, "under_mps": [shared]}}
-    )
+    recipe = {"one_at_a_time": one, "under_mps": [shared]}
+    md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": recipe})
     assert f"**{one['min']} min one job at a time**" in md and f"**{shared['min']} min**" in md
+    assert "solos (8 micro-batches;" in md  # no solo recorded its own: the run's setting
+    # solos from another call at config.yaml's 4 micro-batches, the mixes at 8: the line names the solos'
+    solo4 = {"grpo": 4, "ada": 4, "raft": 4, "mixed": 4}
+    md = share.table(
+        {"settings": settings, "device": "cpu", "rows": [], "recipe": recipe, "alone_micro_batches": solo4}
+    )
+    assert "solos (4 micro-batches;" in md
     assert f"13 eval starts, not 37): **{one['one_job_per_run_min']} min one job at a time**" in md
 
 
