@@ -20,7 +20,7 @@ has finished. Prints a table and writes ``share.json``.
     python bench/share.py --out /tmp/s --quick --plan 1,2                       # the same code, tiny, on a CPU
 
 A plan item is ``K`` or ``Km`` (K runs of ``--arm``, ``m``: under MPS) or jobs joined by ``+``
-(arms or ``eval``), with ``m:`` in front for MPS. ``--seconds`` runs every job of a configuration
+(arms, ``eval``, or ``eval-eager``: an eval with the engine's maths uncompiled), with ``m:`` in front for MPS. ``--seconds`` runs every job of a configuration
 until that many seconds after the configuration started (instead of ``--steps`` steps and
 ``--evals`` evals), so that jobs of different lengths overlap to the end.
 """
@@ -28,6 +28,7 @@ until that many seconds after the configuration started (instead of ``--steps`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -45,10 +46,13 @@ log = logging.getLogger("share")
 T_PROCESS = time.time()  # a worker's start, before torch and the project are imported
 WARMUP = {"train": 2, "eval": 1}  # a job's first events pay compile, graph capture and the allocator's growth
 ARMS = ("grpo", "ada", "raft", "mixed")
+# eval-eager: an eval whose engine runs its maths uncompiled (CUDA graphs still): what torch.compile costs
+# a fresh process's start against what it saves in the steady decode
+EVALS = ("eval", "eval-eager")
 
 
 def _kind(job: str) -> str:
-    return "eval" if job == "eval" else "train"
+    return "eval" if job in EVALS else "train"
 
 
 def _past(deadline: float | None) -> bool:
@@ -70,7 +74,7 @@ def worker(args) -> None:
             torch.cuda.synchronize()
         ends.append(time.time())
 
-    if args.job == "eval":
+    if args.job in EVALS:
         from talkmethods.engines.fast.generator import FastGenerator
         from talkmethods.evaluate import play_eval
         from talkmethods.models import ModelSpec, load_tokenizer, pick_device_and_dtype
@@ -81,10 +85,9 @@ def worker(args) -> None:
         model, sampling, flat = speed.eval_setup(spec, device, dtype, args, speed.bench_problems()[1])
         t_built = time.time()
         liger = micro_batches = None  # training settings: an eval has neither
+        engine = FastGenerator if args.job == "eval" else functools.partial(FastGenerator, compile=False)
         while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
-            play_eval(
-                model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, FastGenerator
-            )
+            play_eval(model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, engine)
             event()
     else:
         from transformers import TrainerCallback
@@ -297,9 +300,9 @@ def parse_plan(plan: str, arm: str) -> list[tuple[list[str], bool]]:
             jobs = [arm] * int(body.rstrip("m"))
         else:
             jobs = body.split("+")
-        bad = [j for j in jobs if j not in (*ARMS, "eval")]
+        bad = [j for j in jobs if j not in (*ARMS, *EVALS)]
         if bad or not jobs:
-            raise ValueError(f"plan item {item!r}: jobs are {', '.join(ARMS)} or eval (got {bad or 'none'})")
+            raise ValueError(f"plan item {item!r}: jobs are {', '.join(ARMS + EVALS)} (got {bad or 'none'})")
         configs.append((jobs, mps))
     return configs
 
@@ -396,7 +399,7 @@ def _note_solo(
         # from the process's start where the row has it (rows before 2026-12-05 timed from after the imports)
         job, t = row["jobs"][0], round(row["start_to_first_event_s"][0] + row.get("import_s", [0.0])[0], 1)
         alone.setdefault(job, row["interval_s"][0])
-        if mb is not None and job != "eval":  # the micro-batches its rate was measured at
+        if mb is not None and job not in EVALS:  # the micro-batches its rate was measured at
             mb.setdefault(job, row.get("micro_batches"))
         first[job] = min(first.get(job, t), t)
         if cold is not None:
