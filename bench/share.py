@@ -185,14 +185,18 @@ def _speed():
     return speed
 
 
-def recipe_minutes(alone: dict[str, float], first: dict[str, float], eval_chats: int) -> dict | None:
+def recipe_minutes(
+    alone: dict[str, float], first: dict[str, float], eval_chats: int, eval_job: str = "eval"
+) -> dict | None:
     """The full recipe's minutes one job at a time, from the jobs' solo rates: each run its start-up and
     first step (``first``: start to first event, with the machine's compile caches warm) plus 79 steady steps; each eval its start-up and first
-    eval, scaled to 600 chats. None unless every arm and the eval have a solo."""
-    if any(j not in alone or j not in first for j in (*ARMS, "eval")):
+    eval, scaled to 600 chats. ``eval_job``: whose solo prices the evals (``eval-eager``: uncompiled maths).
+    None unless every arm and the eval have a solo."""
+    if any(j not in alone or j not in first for j in (*ARMS, eval_job)):
         return None
     speed = _speed()
     run_s = {a: first[a] + (speed.RECIPE_STEPS - 1) * alone[a] for a in ARMS}
+    alone, first = {**alone, "eval": alone[eval_job]}, {**first, "eval": first[eval_job]}
     eval_s = first["eval"] + alone["eval"] * (speed.RECIPE_EVAL_CHATS / eval_chats - 1)  # start-up is not per chat
     n_evals = speed.recipe_evals(len(ARMS))
     total = speed.RECIPE_SEEDS * sum(run_s.values()) + n_evals * eval_s
@@ -356,6 +360,13 @@ def table(res: dict) -> str:
                 f"with `eval.one_job_per_run: true` (a run's three evals in one process: "
                 f"{_speed().recipe_eval_jobs_one_per_run(len(ARMS))} eval starts, not {_speed().recipe_evals(len(ARMS))}): "
                 f"**{one['one_job_per_run_min']} min one job at a time** (arithmetic on these solos, not a run)"
+            )
+        if "eval_eager" in res["recipe"]:
+            eager = res["recipe"]["eval_eager"]
+            lines.append(
+                f"with the evals' maths uncompiled (eval-eager's solo: eval {eager['eval_s']:.0f} s start to end): "
+                f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval "
+                "job a run too (arithmetic on these solos, not a run)"
             )
         if res.get("first_event_cold_s"):
             lines.append(
@@ -522,6 +533,9 @@ def main(argv: list[str] | None = None) -> None:
         ks = sorted({r["runs"] for r in res["rows"] if r["mps"] and r["runs"] > 1})
         under = [x for k in ks if (x := shared_recipe(solo["min"], res["rows"], k, solo["start_min"]))]
         res["recipe"] = {"one_at_a_time": solo, "under_mps": under}
+        eager = recipe_minutes(alone, first, res["settings"]["eval_chats"], "eval-eager")
+        if eager:  # the same runs, the evals priced by the uncompiled eval's solo
+            res["recipe"]["eval_eager"] = eager
     (out / "share.json").write_text(json.dumps(res, indent=1))
     print(table(res))
     (out / "share.md").write_text(table(res) + "\n")

@@ -215,6 +215,11 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     # a run's three evals in one job: 13 eval starts (12 runs and the base), 24 fewer
     assert one["one_job_per_run_min"] == round((runs + 37 * 65.0 - 24 * 25) / 60, 1)
     assert share.recipe_minutes({k: v for k, v in alone.items() if k != "ada"}, first, 600) is None
+    # the evals priced by another eval job's solo (uncompiled maths: a quicker start, a slower eval)
+    eager = share.recipe_minutes({**alone, "eval-eager": 22.0}, {**first, "eval-eager": 30.0}, 300, "eval-eager")
+    assert eager["eval_s"] == 52.0 and eager["run_s"] == one["run_s"]  # 8 s start-up + 2 x 22
+    assert eager["min"] == round((runs + 37 * 52.0) / 60, 1)
+    assert share.recipe_minutes(alone, first, 300, "eval-eager") is None  # no such solo
     rows = [
         {"mps": True, "runs": 3, "work": 1.2},
         {"mps": True, "runs": 3, "work": 1.6},
@@ -240,6 +245,8 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     )
     assert "solos (4 micro-batches;" in md
     assert f"13 eval starts, not 37): **{one['one_job_per_run_min']} min one job at a time**" in md
+    md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": {**recipe, "eval_eager": eager}})
+    assert f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval" in md
 
 
 def test_the_guards_sampler_check_compares_both_triton_samplers_with_the_torch_rule():
