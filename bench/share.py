@@ -28,7 +28,6 @@ until that many seconds after the configuration started (instead of ``--steps`` 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -46,8 +45,8 @@ log = logging.getLogger("share")
 T_PROCESS = time.time()  # a worker's start, before torch and the project are imported
 WARMUP = {"train": 2, "eval": 1}  # a job's first events pay compile, graph capture and the allocator's growth
 ARMS = ("grpo", "ada", "raft", "mixed")
-# eval-eager: an eval whose engine runs its maths uncompiled (CUDA graphs still): what torch.compile costs
-# a fresh process's start against what it saves in the steady decode
+# eval-eager: an eval on eval.engine fast-eager (the maths uncompiled, CUDA graphs kept): what torch.compile
+# costs a fresh process's start against what it saves in the steady decode
 EVALS = ("eval", "eval-eager")
 
 
@@ -75,7 +74,7 @@ def worker(args) -> None:
         ends.append(time.time())
 
     if args.job in EVALS:
-        from talkmethods.engines.fast.generator import FastGenerator
+        from talkmethods.engines import ENGINES
         from talkmethods.evaluate import play_eval
         from talkmethods.models import ModelSpec, load_tokenizer, pick_device_and_dtype
 
@@ -85,7 +84,7 @@ def worker(args) -> None:
         model, sampling, flat = speed.eval_setup(spec, device, dtype, args, speed.bench_problems()[1])
         t_built = time.time()
         liger = micro_batches = None  # training settings: an eval has neither
-        engine = FastGenerator if args.job == "eval" else functools.partial(FastGenerator, compile=False)
+        engine = ENGINES["fast" if args.job == "eval" else "fast-eager"]  # eval.engine's two fast forms
         while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
             play_eval(model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, engine)
             event()

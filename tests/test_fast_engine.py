@@ -215,6 +215,27 @@ def test_compiled_engine_matches_generate_on_the_cpu(peft_model, qwen_tokenizer)
     assert fast.generate(longer, [True] * 3, GREEDY) == want
 
 
+def test_the_fast_eager_engine_is_the_fast_engine_without_torch_compile(peft_model, qwen_tokenizer, monkeypatch):
+    """``eval.engine: fast-eager`` builds the fast engine with compile off (graphs left to the device),
+    ``fast`` leaves compile to the device (on with a GPU): the one difference between them."""
+    import talkmethods.engines.fast.generator as gen_module
+    from talkmethods.engines import ENGINES
+
+    built = []
+
+    class Spy(FastGenerator):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gen_module, "FastGenerator", Spy)
+    eager, fast = ENGINES["fast-eager"](peft_model, qwen_tokenizer), ENGINES["fast"](peft_model, qwen_tokenizer)
+    assert built == [{"compile": False}, {}]
+    assert eager._wrap is None and eager.graphs == fast.graphs
+    prompts = chat_prompts(qwen_tokenizer, 3)
+    assert eager.generate(prompts, [True] * 3, GREEDY) == fast.generate(prompts, [True] * 3, GREEDY)
+
+
 def _chats_to_play():
     from tests.conftest import tiny_problems
 
