@@ -349,7 +349,7 @@ def table(res: dict) -> str:
         lines += [
             "",
             f"full recipe from these solos ({_solo_mb(res, s)} micro-batches; a run: start to first step + "
-            f"{_speed().RECIPE_STEPS - 1} steady steps; an eval: start to end of its first): "
+            f"{_speed().RECIPE_STEPS - 1} steady steps; an eval on the compiled `fast` engine: start to end of its first): "
             f"**{one['min']} min one job at a time** "
             f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in one['run_s'].items())}; eval {one['eval_s']:.0f} s), "
             f"of which {one['start_min']} min are the jobs' starts beyond a steady event",
@@ -363,7 +363,8 @@ def table(res: dict) -> str:
         if "eval_eager" in res["recipe"]:
             eager = res["recipe"]["eval_eager"]
             lines.append(
-                f"with the evals' maths uncompiled (eval-eager's solo: eval {eager['eval_s']:.0f} s start to end): "
+                f"with the evals on `fast-eager` (config.yaml's eval.engine: the maths uncompiled; eval-eager's solo, "
+                f"{eager['eval_s']:.0f} s start to end): "
                 f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval "
                 "job a run too (arithmetic on these solos, not a run)"
             )

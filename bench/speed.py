@@ -126,6 +126,10 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
     got = fast.generate(prompts, adapter_on, greedy)
     got_logprobs = fast.last_logprobs
     base_only = fast.generate(prompts, [False] * 8, greedy)
+    # eval.engine fast-eager: the same engine's maths uncompiled, through its own CUDA graphs on a GPU
+    eager = FastGenerator(model, tokenizer, attention=args.attention[0], compile=False).generate(
+        prompts, adapter_on, greedy
+    )
     # the log-probs the fast engine reports, against a plain forward of the PEFT model
     worst = 0.0
     with torch.no_grad():
@@ -144,6 +148,7 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
         "decode_attention_bf16_max_abs_diff": kernel,
         "sampler": sampler,
         "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
+        "eager_rows_identical": sum(a == b for a, b in zip(eager, plain, strict=True)),
         "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
         "logp_max_abs_diff_fp32": worst,
         "graphs": fast.graphs,
@@ -152,6 +157,16 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
     del model, fast
     _free()
     return out
+
+
+def guard_error(g: dict) -> str | None:
+    """The guard's verdict: in fp32 greedy every row of both fast forms is ``generate``'s, or why not."""
+    if g["rows_identical"] == g["eager_rows_identical"] == g["rows"]:
+        return None
+    return (
+        f"fp32 greedy tokens differ from generate's: fast {g['rows_identical']}/{g['rows']} rows, "
+        f"fast-eager {g['eager_rows_identical']}/{g['rows']}"
+    )
 
 
 FOLD_STEPS = (1, 5, 20)
@@ -998,6 +1013,8 @@ def main(argv: list[str] | None = None) -> None:
             res.setdefault("errors", {})[name] = f"{type(err).__name__}: {err}"[:2000]
             _free()
         res.setdefault("section_wall_s", {})[name] = round(time.perf_counter() - t0, 1)
+        if name == "guard" and name in res and (why := guard_error(res[name])):
+            res.setdefault("errors", {})[name] = why
         if name == "fold" and name in res and not res[name]["ok"] and not q:  # --quick measures nothing to hold to
             res.setdefault("errors", {})[name] = (
                 f"the engine's folded adapter trails PEFT's bf16 forward by more than "
@@ -1030,7 +1047,9 @@ def table(res: dict) -> str:
         g = res["guard"]
         lines += [
             f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one call): "
-            f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows); adapter changes output: "
+            f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows"
+            + (f"; fast-eager: {g['eager_rows_identical']}/{g['rows']}" if "eager_rows_identical" in g else "")
+            + "); adapter changes output: "
             f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}"
             + (
                 f"; Triton decode attention in bf16 vs fp32 softmax: max |Δ| {g['decode_attention_bf16_max_abs_diff']:.1e}"

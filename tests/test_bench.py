@@ -36,6 +36,11 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     assert out["model"] == "offline-tiny-qwen2" and out["device"].startswith("cpu")
     g = out["guard"]
     assert g["identical"] and g["rows_identical"] == g["rows"] == 8 and g["adapter_changes_output"]
+    assert g["eager_rows_identical"] == 8
+    speed = _bench_module("speed")
+    assert speed.guard_error(g) is None
+    assert "fast-eager 7/8" in speed.guard_error({**g, "eager_rows_identical": 7})  # a row off fails the bench
+    assert "fast 0/8" in speed.guard_error({**g, "rows_identical": 0})
     assert g["logp_max_abs_diff_fp32"] < 1e-4
     f = out["fold"]  # its verdict is not enforced with --quick (a width-64 model is not what it guards)
     assert [r["k"] for r in f["rows"]] == [1, 5, 20]

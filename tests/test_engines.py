@@ -180,7 +180,7 @@ def test_the_registry_imports_the_fast_engine_only_when_asked_for():
     assert out.stdout.strip() == "[]", out.stdout
 
 
-@pytest.mark.parametrize("engine", ["plain", "loop", "fast"])
+@pytest.mark.parametrize("engine", ["plain", "loop", "fast", "fast-eager"])
 def test_every_engine_has_what_the_rollout_reads(peft_model, qwen_tokenizer, engine):
     """The ``Generator`` protocol's attributes, with the values ``play_chats`` used to assume when absent."""
     from talkmethods.engines import ENGINES, Generator
@@ -188,6 +188,6 @@ def test_every_engine_has_what_the_rollout_reads(peft_model, qwen_tokenizer, eng
     gen = ENGINES[engine](peft_model, qwen_tokenizer)
     for name in Generator.__annotations__:
         assert hasattr(gen, name), name
-    assert gen.reuses_turns is (engine == "fast") and gen.last_logprobs is None
+    assert gen.reuses_turns is engine.startswith("fast") and gen.last_logprobs is None
     assert set(gen.eos_ids) == {qwen_tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
     assert callable(gen.sync_weights) and callable(gen.generate)
