@@ -45,9 +45,9 @@ log = logging.getLogger("share")
 T_PROCESS = time.time()  # a worker's start, before torch and the project are imported
 WARMUP = {"train": 2, "eval": 1}  # a job's first events pay compile, graph capture and the allocator's growth
 ARMS = ("grpo", "ada", "raft", "mixed")
-# eval-eager: an eval on eval.engine fast-eager (the maths uncompiled, CUDA graphs kept): what torch.compile
-# costs a fresh process's start against what it saves in the steady decode
-EVALS = ("eval", "eval-eager")
+# an eval job's engine (eval.engine): eval-eager plays on fast-eager (the maths uncompiled, CUDA graphs kept),
+# to show what torch.compile costs a fresh process's start against what it saves in the steady decode
+EVALS = {"eval": "fast", "eval-eager": "fast-eager"}
 
 
 def _kind(job: str) -> str:
@@ -84,7 +84,7 @@ def worker(args) -> None:
         model, sampling, flat = speed.eval_setup(spec, device, dtype, args, speed.bench_problems()[1])
         t_built = time.time()
         liger = micro_batches = None  # training settings: an eval has neither
-        engine = ENGINES["fast" if args.job == "eval" else "fast-eager"]  # eval.engine's two fast forms
+        engine = ENGINES[EVALS[args.job]]
         while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
             play_eval(model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, engine)
             event()
@@ -195,12 +195,11 @@ def recipe_minutes(
         return None
     speed = _speed()
     run_s = {a: first[a] + (speed.RECIPE_STEPS - 1) * alone[a] for a in ARMS}
-    alone, first = {**alone, "eval": alone[eval_job]}, {**first, "eval": first[eval_job]}
-    eval_s = first["eval"] + alone["eval"] * (speed.RECIPE_EVAL_CHATS / eval_chats - 1)  # start-up is not per chat
+    eval_s = first[eval_job] + alone[eval_job] * (speed.RECIPE_EVAL_CHATS / eval_chats - 1)  # start-up is not per chat
     n_evals = speed.recipe_evals(len(ARMS))
     total = speed.RECIPE_SEEDS * sum(run_s.values()) + n_evals * eval_s
     # a job's start: its first event's time beyond a steady one (imports, building, compile, capture)
-    eval_start = first["eval"] - alone["eval"]
+    eval_start = first[eval_job] - alone[eval_job]
     start = speed.RECIPE_SEEDS * sum(first[a] - alone[a] for a in ARMS) + n_evals * eval_start
     # eval.one_job_per_run: a run's three kinds in one process, so one eval start a run (and the base's)
     saved = (n_evals - speed.recipe_eval_jobs_one_per_run(len(ARMS))) * eval_start
@@ -305,7 +304,7 @@ def parse_plan(plan: str, arm: str) -> list[tuple[list[str], bool]]:
             jobs = body.split("+")
         bad = [j for j in jobs if j not in (*ARMS, *EVALS)]
         if bad or not jobs:
-            raise ValueError(f"plan item {item!r}: jobs are {', '.join(ARMS + EVALS)} (got {bad or 'none'})")
+            raise ValueError(f"plan item {item!r}: jobs are {', '.join((*ARMS, *EVALS))} (got {bad or 'none'})")
         configs.append((jobs, mps))
     return configs
 

@@ -44,7 +44,8 @@ def _fast(model, tokenizer) -> Generator:
 def _fast_eager(model, tokenizer) -> Generator:
     """The fast engine without ``torch.compile`` (CUDA graphs kept): no tracing or compiling in a fresh
     process, unfused norms and SwiGLU in every step. H100, 600-chat evals, each its own process (warm
-    compile caches): start to end of the first 33 s against 43, each further eval 19.3 s against 16.7-17.9."""
+    compile caches): from the process's start to the end of its first eval 36 s against 45, each further
+    eval 19.3 s against 16.7-17.9."""
     from talkmethods.engines.fast.generator import FastGenerator
 
     return FastGenerator(model, tokenizer, compile=False)
