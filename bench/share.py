@@ -48,6 +48,7 @@ ARMS = ("grpo", "ada", "raft", "mixed")
 # an eval job's engine (eval.engine): eval-eager plays on fast-eager (the maths uncompiled, CUDA graphs kept),
 # to show what torch.compile costs a fresh process's start against what it saves in the steady decode
 EVALS = {"eval": "fast", "eval-eager": "fast-eager"}
+_PROFILE = None  # a worker's cProfile of its building (--profile-build)
 
 
 def _kind(job: str) -> str:
@@ -60,6 +61,12 @@ def _past(deadline: float | None) -> bool:
 
 def worker(args) -> None:
     """One job; writes each event's end time (wall clock, shared by all jobs) and peak memory."""
+    if args.profile_build:  # where a job's building goes: the heaviest calls until its first event starts
+        import cProfile
+
+        global _PROFILE
+        _PROFILE = cProfile.Profile()
+        _PROFILE.enable()
     import torch
 
     speed = _speed()
@@ -83,6 +90,7 @@ def worker(args) -> None:
         tokenizer = load_tokenizer(spec)
         model, sampling, flat = speed.eval_setup(spec, device, dtype, args, speed.bench_problems()[1])
         t_built = time.time()
+        _end_profile(args)
         liger = micro_batches = None  # training settings: an eval has neither
         engine = ENGINES[EVALS[args.job]]
         while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
@@ -117,6 +125,7 @@ def worker(args) -> None:
         work = Path(tempfile.mkdtemp(prefix="talkmethods-share-"))
         trainer = build_trainer(cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"])
         t_built = time.time()
+        _end_profile(args)
         trainer.train()
         liger, micro_batches = trainer.liger, cfg.micro_batches
         shutil.rmtree(work, ignore_errors=True)
@@ -132,6 +141,19 @@ def worker(args) -> None:
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1) if cuda else None,
     }
     Path(args.result).write_text(json.dumps(out))
+
+
+def _end_profile(args, top: int = 45) -> None:
+    """Write the build's profile beside the job's result (``<result>.build.txt``): calls by cumulative time."""
+    if _PROFILE is None:
+        return
+    import io
+    import pstats
+
+    _PROFILE.disable()
+    text = io.StringIO()
+    pstats.Stats(_PROFILE, stream=text).sort_stats("cumulative").print_stats(top)
+    Path(args.result).with_suffix(".build.txt").write_text(text.getvalue())
 
 
 def _mps(start: bool, env: dict) -> str | None:
@@ -289,7 +311,9 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
 
 def _passthrough(args) -> list[str]:
     flags = ("model", "steps", "evals", "eval_chats", "micro_batches", "turn_tokens", "lora_r", "problems_per_step")
-    return [x for f in flags for x in (f"--{f.replace('_', '-')}", str(getattr(args, f)))]
+    return [x for f in flags for x in (f"--{f.replace('_', '-')}", str(getattr(args, f)))] + (
+        ["--profile-build"] if args.profile_build else []
+    )
 
 
 def parse_plan(plan: str, arm: str) -> list[tuple[list[str], bool]]:
@@ -460,6 +484,11 @@ def main(argv: list[str] | None = None) -> None:
         "--alone, the mixes of one device call priced by the solos of another",
     )
     ap.add_argument("--quick", action="store_true", help="tiny sizes on the offline model: checks the code path")
+    ap.add_argument(
+        "--profile-build",
+        action="store_true",
+        help="profile each job's building (cProfile): <job>.build.txt beside its result",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
