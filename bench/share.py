@@ -79,6 +79,7 @@ def worker(args) -> None:
         if cuda:
             torch.cuda.synchronize()
         ends.append(time.time())
+        _profile_events(args, len(ends) - WARMUP[_kind(args.job)])
 
     if args.job in EVALS:
         from talkmethods.engines import ENGINES
@@ -143,8 +144,9 @@ def worker(args) -> None:
     Path(args.result).write_text(json.dumps(out))
 
 
-def _end_profile(args, top: int = 45) -> None:
-    """Write the build's profile beside the job's result (``<result>.build.txt``): calls by cumulative time."""
+def _end_profile(args, top: int = 45, suffix: str = ".build.txt") -> None:
+    """Write the running profile beside the job's result (``<result><suffix>``): calls by cumulative time."""
+    global _PROFILE
     if _PROFILE is None:
         return
     import io
@@ -153,7 +155,23 @@ def _end_profile(args, top: int = 45) -> None:
     _PROFILE.disable()
     text = io.StringIO()
     pstats.Stats(_PROFILE, stream=text).sort_stats("cumulative").print_stats(top)
-    Path(args.result).with_suffix(".build.txt").write_text(text.getvalue())
+    Path(args.result).with_suffix(suffix).write_text(text.getvalue())
+    _PROFILE = None
+
+
+def _profile_events(args, past_warmup: int) -> None:
+    """``--profile-events N``: cProfile the N events after the warm-up (host time: where a steady step's
+    wall clock goes beyond the GPU's, e.g. waiting on it, tokenising, TRL's bookkeeping), ``<result>.events.txt``."""
+    global _PROFILE
+    if not args.profile_events:
+        return
+    if past_warmup == 0:
+        import cProfile
+
+        _PROFILE = cProfile.Profile()
+        _PROFILE.enable()
+    elif past_warmup == args.profile_events:
+        _end_profile(args, top=70, suffix=".events.txt")
 
 
 def _mps(start: bool, env: dict) -> str | None:
@@ -311,8 +329,10 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
 
 def _passthrough(args) -> list[str]:
     flags = ("model", "steps", "evals", "eval_chats", "micro_batches", "turn_tokens", "lora_r", "problems_per_step")
-    return [x for f in flags for x in (f"--{f.replace('_', '-')}", str(getattr(args, f)))] + (
-        ["--profile-build"] if args.profile_build else []
+    return (
+        [x for f in flags for x in (f"--{f.replace('_', '-')}", str(getattr(args, f)))]
+        + (["--profile-build"] if args.profile_build else [])
+        + (["--profile-events", str(args.profile_events)] if args.profile_events else [])
     )
 
 
@@ -488,6 +508,12 @@ def main(argv: list[str] | None = None) -> None:
         "--profile-build",
         action="store_true",
         help="profile each job's building (cProfile): <job>.build.txt beside its result",
+    )
+    ap.add_argument(
+        "--profile-events",
+        type=int,
+        default=0,
+        help="cProfile this many events after each job's warm-up: <job>.events.txt",
     )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)

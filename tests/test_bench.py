@@ -172,8 +172,19 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     i, b, f = one["import_s"][0], one["build_s"][0], one["start_to_first_event_s"][0]
     assert f"| {i} + {b} + {round(f - b, 1)} |" in md
     # a later run takes its solos from this one's share.json
-    later = _share(tmp_path / "later", "--plan", "grpo+eval", "--alone", str(tmp_path / "share.json"))
+    later = _share(
+        tmp_path / "later",
+        *("--plan", "grpo+eval", "--alone", str(tmp_path / "share.json"), "--profile-build", "--profile-events", "1"),
+    )
     assert later["rows"][0]["work"] > 0 and set(later["alone_from"].values()) == {str(tmp_path / "share.json")}
+    # each job's profiles: its building (imports, model, trainer) and its first event past the warm-up
+    built = {p.name: p.read_text() for p in (tmp_path / "later").glob("*.build.txt")}
+    stepped = {p.name: p.read_text() for p in (tmp_path / "later").glob("*.events.txt")}
+    assert set(built) == {"plain_grpo+eval_0.build.txt", "plain_grpo+eval_1.build.txt"}, built
+    train_built, eval_built = (built[n] for n in sorted(built))
+    assert "build_trainer" in train_built and "eval_setup" in eval_built and "training_step" not in train_built
+    train_steps, eval_steps = (stepped[n] for n in sorted(stepped))
+    assert "training_step" in train_steps and "play_eval" in eval_steps and "build_trainer" not in train_steps
     # one device call's mixes priced by another's solos, with no job run; solos also come from the
     # rows of a run cut short before it wrote them out
     cut = {k: v for k, v in res.items() if not k.startswith("alone")}
