@@ -20,7 +20,8 @@ has finished. Prints a table and writes ``share.json``.
     python bench/share.py --out /tmp/s --quick --plan 1,2                       # the same code, tiny, on a CPU
 
 A plan item is ``K`` or ``Km`` (K runs of ``--arm``, ``m``: under MPS) or jobs joined by ``+``
-(arms, ``eval``, or ``eval-eager``: an eval with the engine's maths uncompiled), with ``m:`` in front for MPS. ``--seconds`` runs every job of a configuration
+(arms, ``eval``, ``eval-eager``: an eval with the engine's maths uncompiled, or ``rollout``: a training
+step's chats without the step), with ``m:`` in front for MPS. ``--seconds`` runs every job of a configuration
 until that many seconds after the configuration started (instead of ``--steps`` steps and
 ``--evals`` evals), so that jobs of different lengths overlap to the end.
 """
@@ -43,16 +44,23 @@ sys.path.insert(0, str(REPO))
 
 log = logging.getLogger("share")
 T_PROCESS = time.time()  # a worker's start, before torch and the project are imported
-WARMUP = {"train": 2, "eval": 1}  # a job's first events pay compile, graph capture and the allocator's growth
+WARMUP = {
+    "train": 2,
+    "eval": 1,
+    "rollout": 2,
+}  # a job's first events pay compile, graph capture and the allocator's growth
 ARMS = ("grpo", "ada", "raft", "mixed")
 # an eval job's engine (eval.engine): eval-eager plays on fast-eager (the maths uncompiled, CUDA graphs kept),
 # to show what torch.compile costs a fresh process's start against what it saves in the steady decode
 EVALS = {"eval": "fast", "eval-eager": "fast-eager"}
+# a training step's chats alone (8 problems x 4 chats, A B A B, the training sampling, the fast engine) and
+# no training: under MPS, how much of K runs' decoding overlaps, apart from their training steps
+ROLLOUT = "rollout"
 _PROFILE = None  # a worker's cProfile of its building (--profile-build)
 
 
 def _kind(job: str) -> str:
-    return "eval" if job in EVALS else "train"
+    return "eval" if job in EVALS else ROLLOUT if job == ROLLOUT else "train"
 
 
 def _past(deadline: float | None) -> bool:
@@ -97,6 +105,26 @@ def worker(args) -> None:
         while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
             play_eval(model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, engine)
             event()
+    elif args.job == ROLLOUT:
+        from talkmethods.engines.fast.generator import FastGenerator
+        from talkmethods.models import ModelSpec, load_tokenizer, pick_device_and_dtype
+        from talkmethods.rollout import play_chats
+
+        spec = ModelSpec(args.model)
+        device, dtype = pick_device_and_dtype()
+        tokenizer = load_tokenizer(spec)
+        problems = speed.bench_problems()[0]
+        model, _, _ = speed.eval_setup(spec, device, dtype, args, problems)  # a LoRA that changes outputs
+        cfg = speed._train_config("grpo", spec, argparse.Namespace(**{**_bench_sizes(args), "micro_batches": 1}), 1)
+        problems = problems[: cfg.problems_per_step]
+        chats = [p for p in problems for _ in range(cfg.chats_per_problem)]
+        generator = FastGenerator(model, tokenizer)
+        t_built = time.time()
+        _end_profile(args)
+        liger = micro_batches = None
+        while (len(ends) < args.steps) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP[ROLLOUT]):
+            play_chats(generator, tokenizer, chats, [(True, True)] * len(chats), cfg.sampling)
+            event()
     else:
         from transformers import TrainerCallback
 
@@ -106,14 +134,7 @@ def worker(args) -> None:
 
         spec = ModelSpec(args.model)
         problems, _ = speed.bench_problems()  # the speed bench's own
-        bench_args = argparse.Namespace(
-            turn_tokens=args.turn_tokens,
-            micro_batches=args.micro_batches,
-            lora_r=args.lora_r,
-            problems_per_step=args.problems_per_step,
-            ada_draw_ahead=True,
-            pack_seats=True,
-        )
+        bench_args = argparse.Namespace(**_bench_sizes(args))
         steps = args.steps if deadline is None else 10_000  # the deadline ends it
         cfg = speed._train_config(args.job, spec, bench_args, steps=steps)
 
@@ -142,6 +163,18 @@ def worker(args) -> None:
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1) if cuda else None,
     }
     Path(args.result).write_text(json.dumps(out))
+
+
+def _bench_sizes(args) -> dict:
+    """The speed bench's training sizes from this bench's flags (``speed._train_config``'s ``args``)."""
+    return {
+        "turn_tokens": args.turn_tokens,
+        "micro_batches": args.micro_batches,
+        "lora_r": args.lora_r,
+        "problems_per_step": args.problems_per_step,
+        "ada_draw_ahead": True,
+        "pack_seats": True,
+    }
 
 
 def _end_profile(args, top: int = 45, suffix: str = ".build.txt") -> None:
@@ -346,9 +379,11 @@ def parse_plan(plan: str, arm: str) -> list[tuple[list[str], bool]]:
             jobs = [arm] * int(body.rstrip("m"))
         else:
             jobs = body.split("+")
-        bad = [j for j in jobs if j not in (*ARMS, *EVALS)]
+        bad = [j for j in jobs if j not in (*ARMS, *EVALS, ROLLOUT)]
         if bad or not jobs:
-            raise ValueError(f"plan item {item!r}: jobs are {', '.join((*ARMS, *EVALS))} (got {bad or 'none'})")
+            raise ValueError(
+                f"plan item {item!r}: jobs are {', '.join((*ARMS, *EVALS, ROLLOUT))} (got {bad or 'none'})"
+            )
         configs.append((jobs, mps))
     return configs
 
@@ -453,7 +488,7 @@ def _note_solo(
         # from the process's start where the row has it (rows before 2026-12-05 timed from after the imports)
         job, t = row["jobs"][0], round(row["start_to_first_event_s"][0] + row.get("import_s", [0.0])[0], 1)
         alone.setdefault(job, row["interval_s"][0])
-        if mb is not None and job not in EVALS:  # the micro-batches its rate was measured at
+        if mb is not None and job in ARMS:  # the micro-batches its rate was measured at
             mb.setdefault(job, row.get("micro_batches"))
         first[job] = min(first.get(job, t), t)
         if cold is not None:

@@ -138,8 +138,8 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     mean nothing.)"""
     import shutil
 
-    res = _share(tmp_path, "--plan", "1,eval,raft+eval,2m,grpo,eval-eager")
-    one, ev, mix, mps, second, eager = res["rows"]
+    res = _share(tmp_path, "--plan", "1,eval,raft+eval,2m,grpo,eval-eager,rollout")
+    one, ev, mix, mps, second, eager, rollout = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [
         ["grpo"],
         ["eval"],
@@ -147,8 +147,10 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         ["grpo", "grpo"],
         ["grpo"],
         ["eval-eager"],
+        ["rollout"],
     ]
     assert eager["events"] == [2] and eager["work"] == 1.0  # an eval kind of its own (the same on a CPU)
+    assert rollout["events"] == [3] and rollout["interval_s"][0] > 0  # a step's chats, no step: --steps of them
     # a job solo'd twice: the projection takes its quicker start (warm compile caches), the slower is kept
     # (counted from the process's start: its imports, then building the job, then its first event)
     starts = [round(r["start_to_first_event_s"][0] + r["import_s"][0], 1) for r in (one, second)]
@@ -164,7 +166,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     assert one["steps_per_s"] > 0 and one["overlap_s"] > 0
     # work is measured against each job alone: grpo's and eval's solos are 1 by definition; raft had no solo
     assert one["work"] == 1.0 and ev["work"] == 1.0 and mix["work"] is None
-    assert set(res["alone_interval_s"]) == {"grpo", "eval", "eval-eager"}
+    assert set(res["alone_interval_s"]) == {"grpo", "eval", "eval-eager", "rollout"}
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]
     md = (tmp_path / "share.md").read_text()
