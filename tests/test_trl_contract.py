@@ -435,8 +435,14 @@ def test_lora_input_uncast_changes_no_number_under_bf16_autocast():
         with lora_inputs_uncast(model, True):
             assert not any(m.cast_input_dtype_enabled for m in lora)
             got = model(ids).logits
+            # the flag PEFT's cast reads (peft.helpers.disable_input_dtype_casting sets the same one)
+            x = torch.ones(2, dtype=torch.bfloat16)
+            assert lora[0]._cast_input_dtype(x, torch.float32).dtype == torch.bfloat16
     assert all(m.cast_input_dtype_enabled for m in lora)  # restored
+    assert lora[0]._cast_input_dtype(x, torch.float32).dtype == torch.float32
     assert torch.equal(got, want)
+    with lora_inputs_uncast(model, False):  # no autocast (fp32 on a CPU): PEFT casts as it always does
+        assert all(m.cast_input_dtype_enabled for m in lora)
 
 
 def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16():
