@@ -10,9 +10,8 @@ limit=${1:-0}
 jobs=${JOBS:-8}
 out=${OUT:-.gpu}
 mkdir -p "$out"
-if [ -f .whl/site.tar.xz ]; then  # packed by scripts/device_site.sh; the path must name site-packages (dill)
-  mkdir -p /tmp/sp/site-packages && tar -xJf .whl/site.tar.xz -C /tmp/sp/site-packages || exit 1
-  export PYTHONPATH=/tmp/sp/site-packages
+if [ -f .whl/site.tar.xz ]; then  # packed by scripts/device_site.sh; unpacked and byte-compiled
+  source scripts/device_env.sh || exit 1
 elif compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
