@@ -67,6 +67,73 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.time() > deadline
 
 
+class IdleSampler:
+    """One event's host timeline: every ``period`` s, whether the GPU had work queued and where the main thread was.
+
+    The GPU counts as idle when every stream the job decodes and trains on has finished its work
+    (``Stream.query``): the step then waits on the host, and the main thread's stack says on what. The
+    sampled event is run after the measured ones and is not counted in the job's rate. ``streams``
+    returns the streams (none on a CPU: host time by place only)."""
+
+    LIBRARIES = ("talkmethods/", "bench/", "trl/", "transformers/", "peft/", "accelerate/", "liger_kernel/")
+
+    def __init__(self, streams, period: float = 0.002):
+        import threading
+
+        self.streams, self.period, self.main = streams, period, threading.get_ident()
+        self.samples: list[tuple[bool | None, str, str]] = []
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.t0 = self.t1 = 0.0
+
+    def _run(self) -> None:
+        while not self._halt.wait(self.period):
+            frame = sys._current_frames().get(self.main)
+            streams = self.streams()
+            idle = all(s.query() for s in streams) if streams else None
+            self.samples.append((idle, self._where(frame, ()), self._where(frame, self.LIBRARIES)))
+
+    @staticmethod
+    def _where(frame, places: tuple[str, ...]) -> str:
+        """The innermost frame (in one of ``places``, if given) as ``package/file.py:function``."""
+        while frame is not None:
+            path = frame.f_code.co_filename
+            hit = next((p for p in places if p in path), None) if places else ""
+            if hit is not None:
+                short = path[path.index(hit) :] if hit else "/".join(Path(path).parts[-2:])
+                return f"{short}:{frame.f_code.co_name}"
+            frame = frame.f_back
+        return "?"
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> dict:
+        self.t1 = time.perf_counter()
+        self._halt.set()
+        self._thread.join()
+        n = max(len(self.samples), 1)
+        per = (self.t1 - self.t0) / n  # seconds a sample stands for
+
+        def top(rows, k: int = 15) -> list:
+            acc: dict[str, float] = {}
+            for key in rows:
+                acc[key] = acc.get(key, 0.0) + per
+            return [[key, round(v, 3)] for key, v in sorted(acc.items(), key=lambda kv: -kv[1])[:k]]
+
+        idle = [s for s in self.samples if s[0]]
+        known = any(s[0] is not None for s in self.samples)
+        return {
+            "wall_s": round(self.t1 - self.t0, 3),
+            "samples": len(self.samples),
+            "gpu_idle_s": round(len(idle) * per, 3) if known else None,
+            "idle_by_place": top(s[2] for s in idle),
+            "idle_by_frame": top(s[1] for s in idle),
+            "host_by_place": top(s[2] for s in self.samples),
+        }
+
+
 def worker(args) -> None:
     """One job; writes each event's end time (wall clock, shared by all jobs) and peak memory."""
     if args.profile_build:  # where a job's building goes: the heaviest calls until its first event starts
@@ -102,9 +169,14 @@ def worker(args) -> None:
         _end_profile(args)
         liger = micro_batches = None  # training settings: an eval has neither
         engine = ENGINES[EVALS[args.job]]
-        while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
+
+        def one_eval():
             play_eval(model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, engine)
+
+        while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
+            one_eval()
             event()
+        idle = _sampled(args, one_eval, lambda: [torch.cuda.default_stream()] if cuda else [])
     elif args.job == ROLLOUT:
         from talkmethods.engines.fast.generator import FastGenerator
         from talkmethods.models import ModelSpec, load_tokenizer, pick_device_and_dtype
@@ -122,9 +194,14 @@ def worker(args) -> None:
         t_built = time.time()
         _end_profile(args)
         liger = micro_batches = None
-        while (len(ends) < args.steps) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP[ROLLOUT]):
+
+        def one_rollout():
             play_chats(generator, tokenizer, chats, [(True, True)] * len(chats), cfg.sampling)
+
+        while (len(ends) < args.steps) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP[ROLLOUT]):
+            one_rollout()
             event()
+        idle = _sampled(args, one_rollout, lambda: [torch.cuda.default_stream(), *generator._streams] if cuda else [])
     else:
         from transformers import TrainerCallback
 
@@ -135,21 +212,40 @@ def worker(args) -> None:
         spec = ModelSpec(args.model)
         problems, _ = speed.bench_problems()  # the speed bench's own
         bench_args = argparse.Namespace(**_bench_sizes(args))
-        steps = args.steps if deadline is None else 10_000  # the deadline ends it
+        steps = args.steps + bool(args.idle_profile) if deadline is None else 10_000  # the deadline ends it
         cfg = speed._train_config(args.job, spec, bench_args, steps=steps)
+        holder: dict = {}
+
+        def streams():
+            engine = getattr(holder.get("trainer"), "_generator", None)
+            return [torch.cuda.default_stream(), *getattr(engine, "_streams", [])] if cuda else []
 
         class StepEnds(TrainerCallback):
             def on_step_end(self, _args, state, control, **k):
-                event()
-                if _past(deadline) and len(ends) > WARMUP["train"]:
+                if "sampler" in holder:  # the sampled step (--idle-profile): not one of the job's events
+                    if cuda:
+                        torch.cuda.synchronize()
+                    holder["idle"] = holder.pop("sampler").stop()
                     control.should_training_stop = True
+                    return
+                event()
+                done = _past(deadline) if deadline is not None else len(ends) >= args.steps
+                if done and len(ends) > WARMUP["train"]:
+                    if args.idle_profile and "idle" not in holder:
+                        holder["sampler"] = IdleSampler(streams)
+                        holder["sampler"].start()
+                    else:
+                        control.should_training_stop = True
 
         work = Path(tempfile.mkdtemp(prefix="talkmethods-share-"))
-        trainer = build_trainer(cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"])
+        trainer = holder["trainer"] = build_trainer(
+            cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"]
+        )
         t_built = time.time()
         _end_profile(args)
         trainer.train()
         liger, micro_batches = trainer.liger, cfg.micro_batches
+        idle = holder.get("idle")
         shutil.rmtree(work, ignore_errors=True)
     out = {
         "job": args.job,
@@ -159,10 +255,25 @@ def worker(args) -> None:
         "start": t_start,
         "built": t_built,
         "ends": ends,
+        "idle": idle,
         "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1) if cuda else None,
     }
     Path(args.result).write_text(json.dumps(out))
+
+
+def _sampled(args, play, streams) -> dict | None:
+    """``--idle-profile``: one more event under an ``IdleSampler`` (not counted in the job's rate)."""
+    if not args.idle_profile:
+        return None
+    import torch
+
+    sampler = IdleSampler(streams)
+    sampler.start()
+    play()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return sampler.stop()
 
 
 def _bench_sizes(args) -> dict:
@@ -356,6 +467,7 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
         # where a job's start goes: importing torch and the bench, building (tokenizer, model, trainer),
         # then the first event's own extra (compile, graph capture) beyond a steady one
         "import_s": [round(r["start"] - r["process_start"], 1) for r in results],
+        "idle": [r.get("idle") for r in results],
         "build_s": [round(r["built"] - r["start"], 1) for r in results],
     }
 
@@ -366,6 +478,7 @@ def _passthrough(args) -> list[str]:
         [x for f in flags for x in (f"--{f.replace('_', '-')}", str(getattr(args, f)))]
         + (["--profile-build"] if args.profile_build else [])
         + (["--profile-events", str(args.profile_events)] if args.profile_events else [])
+        + (["--idle-profile"] if args.idle_profile else [])
     )
 
 
@@ -549,6 +662,11 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         help="cProfile this many events after each job's warm-up: <job>.events.txt",
+    )
+    ap.add_argument(
+        "--idle-profile",
+        action="store_true",
+        help="one more event per job, sampled every 2 ms: GPU idle time and where the host was (share.json's idle)",
     )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)

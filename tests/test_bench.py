@@ -177,8 +177,16 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     later = _share(
         tmp_path / "later",
         *("--plan", "grpo+eval", "--alone", str(tmp_path / "share.json"), "--profile-build", "--profile-events", "1"),
+        "--idle-profile",
     )
     assert later["rows"][0]["work"] > 0 and set(later["alone_from"].values()) == {str(tmp_path / "share.json")}
+    # --idle-profile: one more event each, sampled, outside the job's counted events
+    assert later["rows"][0]["events"] == [3, 2]
+    for idle in later["rows"][0]["idle"]:
+        assert idle["samples"] > 10 and idle["wall_s"] > 0 and idle["gpu_idle_s"] is None  # no GPU: host time only
+        places = [p for p, _ in idle["host_by_place"]]
+        assert places and any(p.startswith(("talkmethods/", "trl/")) for p in places), places
+        assert sum(s for _, s in idle["host_by_place"]) <= idle["wall_s"] + 1e-6
     # each job's profiles: its building (imports, model, trainer) and its first event past the warm-up
     built = {p.name: p.read_text() for p in (tmp_path / "later").glob("*.build.txt")}
     stepped = {p.name: p.read_text() for p in (tmp_path / "later").glob("*.events.txt")}
