@@ -89,9 +89,18 @@ class IdleSampler:
     def _run(self) -> None:
         while not self._halt.wait(self.period):
             frame = sys._current_frames().get(self.main)
-            streams = self.streams()
+            # no query while the main thread captures a CUDA graph (a query from any thread invalidates it)
+            streams = [] if self._capturing(frame) else self.streams()
             idle = all(s.query() for s in streams) if streams else None
             self.samples.append((idle, self._where(frame, ()), self._where(frame, self.LIBRARIES)))
+
+    @staticmethod
+    def _capturing(frame) -> bool:
+        while frame is not None:
+            if frame.f_code.co_filename.endswith("cuda/graphs.py") or frame.f_code.co_name == "_graph_for":
+                return True
+            frame = frame.f_back
+        return False
 
     @staticmethod
     def _where(frame, places: tuple[str, ...]) -> str:
@@ -170,13 +179,25 @@ def worker(args) -> None:
         liger = micro_batches = None  # training settings: an eval has neither
         engine = ENGINES[EVALS[args.job]]
 
-        def one_eval():
-            play_eval(model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, engine)
+        last: dict = {}
+
+        def built(m, t):  # each eval builds its engine, as an eval job does; the last is kept
+            last["engine"] = engine(m, t)
+            return last["engine"]
+
+        def one_eval(factory=built):
+            play_eval(model, tokenizer, flat, "eval", sampling, speed.EVAL_CHATS_PER_PROBLEM, args.eval_chats, factory)
 
         while (len(ends) < args.evals) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP["eval"]):
             one_eval()
             event()
-        idle = _sampled(args, one_eval, lambda: [torch.cuda.default_stream()] if cuda else [])
+        # the sampled eval reuses the last engine, its graphs captured: a stream query from the sampler's
+        # thread during a capture would invalidate it (H100, 2026-12-06), so this eval captures nothing
+        idle = _sampled(
+            args,
+            lambda: one_eval(lambda m, t: last["engine"]),
+            lambda: [torch.cuda.default_stream(), *last["engine"]._streams] if cuda else [],
+        )
     elif args.job == ROLLOUT:
         from talkmethods.engines.fast.generator import FastGenerator
         from talkmethods.models import ModelSpec, load_tokenizer, pick_device_and_dtype
