@@ -556,6 +556,25 @@ def table(res: dict) -> str:
             f"| {jobs} | {'yes' if r['mps'] else 'no'} | {fwd} | {r.get('work') or '—'} | {r['steps_per_s'] or '—'} | "
             f"{', '.join(map(str, r['interval_s']))} | {start} | {mem} | {r['overlap_s']} |"
         )
+    sampled = [
+        (" + ".join(r["jobs"]), j, i)
+        for r in res["rows"]
+        for j, i in zip(r["jobs"], r.get("idle") or [], strict=False)
+        if i
+    ]
+    if sampled:
+        lines += ["", "a sampled event past the measured ones (--idle-profile; 2 ms samples):", ""]
+        lines += [
+            "| configuration | job | wall s | GPU idle s | where the GPU waited most (s) | where the host was most (s) |"
+        ]
+        lines += ["|---|---|---:|---:|---|---|"]
+        for config, job, i in sampled:
+            where = "; ".join(f"{p} {t}" for p, t in i["idle_by_place"][:3]) or "—"
+            host = "; ".join(f"{p} {t}" for p, t in i["host_by_place"][:3])
+            idle = (
+                "—" if i["gpu_idle_s"] is None else f"{i['gpu_idle_s']} ({100 * i['gpu_idle_s'] / i['wall_s']:.0f}%)"
+            )
+            lines.append(f"| {config} | {job} | {i['wall_s']} | {idle} | {where} | {host} |")
     if "recipe" in res:
         one = res["recipe"]["one_at_a_time"]
         lines += [

@@ -187,6 +187,8 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         places = [p for p, _ in idle["host_by_place"]]
         assert places and any(p.startswith(("talkmethods/", "trl/")) for p in places), places
         assert sum(s for _, s in idle["host_by_place"]) <= idle["wall_s"] + 1e-6
+    sampled_md = (tmp_path / "later" / "share.md").read_text()
+    assert "| grpo + eval | grpo |" in sampled_md and "| grpo + eval | eval |" in sampled_md
     # each job's profiles: its building (imports, model, trainer) and its first event past the warm-up
     built = {p.name: p.read_text() for p in (tmp_path / "later").glob("*.build.txt")}
     stepped = {p.name: p.read_text() for p in (tmp_path / "later").glob("*.events.txt")}
