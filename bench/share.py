@@ -268,6 +268,8 @@ def worker(args) -> None:
         liger, micro_batches = trainer.liger, cfg.micro_batches
         idle = holder.get("idle")
         shutil.rmtree(work, ignore_errors=True)
+    if args.profile_events:  # a deadline that came before N events: the events profiled so far
+        _end_profile(args, top=70, suffix=".events.txt")
     out = {
         "job": args.job,
         "liger": liger,

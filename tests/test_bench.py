@@ -138,7 +138,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     mean nothing.)"""
     import shutil
 
-    res = _share(tmp_path, "--plan", "1,eval,raft+eval,2m,grpo,eval-eager,rollout")
+    res = _share(tmp_path, "--plan", "1,eval,raft+eval,2m,grpo,eval-eager,rollout", "--profile-events", "9")
     one, ev, mix, mps, second, eager, rollout = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [
         ["grpo"],
@@ -151,6 +151,9 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     ]
     assert eager["events"] == [2] and eager["work"] == 1.0  # an eval kind of its own (the same on a CPU)
     assert rollout["events"] == [3] and rollout["interval_s"][0] > 0  # a step's chats, no step: --steps of them
+    # --profile-events past the job's end: the events profiled until then
+    assert "training_step" in (tmp_path / "plain_grpo_0.events.txt").read_text()
+    assert "play_chats" in (tmp_path / "plain_rollout_0.events.txt").read_text()
     # a job solo'd twice: the projection takes its quicker start (warm compile caches), the slower is kept
     # (counted from the process's start: its imports, then building the job, then its first event)
     starts = [round(r["start_to_first_event_s"][0] + r["import_s"][0], 1) for r in (one, second)]
