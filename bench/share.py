@@ -44,11 +44,8 @@ sys.path.insert(0, str(REPO))
 
 log = logging.getLogger("share")
 T_PROCESS = time.time()  # a worker's start, before torch and the project are imported
-WARMUP = {
-    "train": 2,
-    "eval": 1,
-    "rollout": 2,
-}  # a job's first events pay compile, graph capture and the allocator's growth
+# a job's first events pay compile, graph capture and the allocator's growth
+WARMUP = {"train": 2, "eval": 1, "rollout": 2}
 ARMS = ("grpo", "ada", "raft", "mixed")
 # an eval job's engine (eval.engine): eval-eager plays on fast-eager (the maths uncompiled, CUDA graphs kept),
 # to show what torch.compile costs a fresh process's start against what it saves in the steady decode
@@ -196,7 +193,7 @@ def worker(args) -> None:
         idle = _sampled(
             args,
             lambda: one_eval(lambda m, t: last["engine"]),
-            lambda: [torch.cuda.default_stream(), *last["engine"]._streams] if cuda else [],
+            lambda: _streams_of(last["engine"]),
         )
     elif args.job == ROLLOUT:
         from talkmethods.engines.fast.generator import FastGenerator
@@ -222,7 +219,7 @@ def worker(args) -> None:
         while (len(ends) < args.steps) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP[ROLLOUT]):
             one_rollout()
             event()
-        idle = _sampled(args, one_rollout, lambda: [torch.cuda.default_stream(), *generator._streams] if cuda else [])
+        idle = _sampled(args, one_rollout, lambda: _streams_of(generator))
     else:
         from transformers import TrainerCallback
 
@@ -238,8 +235,7 @@ def worker(args) -> None:
         holder: dict = {}
 
         def streams():
-            engine = getattr(holder.get("trainer"), "_generator", None)
-            return [torch.cuda.default_stream(), *getattr(engine, "_streams", [])] if cuda else []
+            return _streams_of(getattr(holder.get("trainer"), "_generator", None))
 
         class StepEnds(TrainerCallback):
             def on_step_end(self, _args, state, control, **k):
@@ -283,6 +279,15 @@ def worker(args) -> None:
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1) if cuda else None,
     }
     Path(args.result).write_text(json.dumps(out))
+
+
+def _streams_of(engine) -> list:
+    """The streams a job's GPU work runs on: the default one and the engine's decode streams (none on a CPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.default_stream(), *getattr(engine, "_streams", [])]
 
 
 def _sampled(args, play, streams) -> dict | None:
