@@ -53,11 +53,14 @@ EVALS = {"eval": "fast", "eval-eager": "fast-eager"}
 # a training step's chats alone (8 problems x 4 chats, A B A B, the training sampling, the fast engine) and
 # no training: under MPS, how much of K runs' decoding overlaps, apart from their training steps
 ROLLOUT = "rollout"
+# the three seeds of a cohort: each seed's step of chats on its own adapter, all in one engine call
+# (one batch per adapter, decoded together on their own streams): an event is three seeds' rollouts
+ROLLOUTS = {ROLLOUT: 1, "cohort-rollout": 3}
 _PROFILE = None  # a worker's cProfile of its building (--profile-build)
 
 
 def _kind(job: str) -> str:
-    return "eval" if job in EVALS else ROLLOUT if job == ROLLOUT else "train"
+    return "eval" if job in EVALS else ROLLOUT if job in ROLLOUTS else "train"
 
 
 def _past(deadline: float | None) -> bool:
@@ -195,7 +198,7 @@ def worker(args) -> None:
             lambda: one_eval(lambda m, t: last["engine"]),
             lambda: _streams_of(last["engine"]),
         )
-    elif args.job == ROLLOUT:
+    elif args.job in ROLLOUTS:
         from talkmethods.engines.fast.generator import FastGenerator
         from talkmethods.models import ModelSpec, load_tokenizer, pick_device_and_dtype
         from talkmethods.rollout import play_chats
@@ -205,16 +208,18 @@ def worker(args) -> None:
         tokenizer = load_tokenizer(spec)
         problems = speed.bench_problems()[0]
         model, _, _ = speed.eval_setup(spec, device, dtype, args, problems)  # a LoRA that changes outputs
+        names = [True] + [_add_adapter(model, f"seed{k}", args.lora_r, k) for k in range(1, ROLLOUTS[args.job])]
         cfg = speed._train_config("grpo", spec, argparse.Namespace(**{**_bench_sizes(args), "micro_batches": 1}), 1)
         problems = problems[: cfg.problems_per_step]
-        chats = [p for p in problems for _ in range(cfg.chats_per_problem)]
+        chats = [p for p in problems for _ in range(cfg.chats_per_problem)] * len(names)
+        seats = [(name, name) for name in names for _ in range(len(chats) // len(names))]
         generator = FastGenerator(model, tokenizer)
         t_built = time.time()
         _end_profile(args)
         liger = micro_batches = None
 
         def one_rollout():
-            play_chats(generator, tokenizer, chats, [(True, True)] * len(chats), cfg.sampling)
+            play_chats(generator, tokenizer, chats, seats, cfg.sampling)
 
         while (len(ends) < args.steps) if deadline is None else (not _past(deadline) or len(ends) <= WARMUP[ROLLOUT]):
             one_rollout()
@@ -302,6 +307,22 @@ def _sampled(args, play, streams) -> dict | None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return sampler.stop()
+
+
+def _add_adapter(model, name: str, r: int, seed: int) -> str:
+    """Another LoRA adapter on ``model`` (a cohort's seed), with its own non-zero B, as the bench's first."""
+    import torch
+    from peft import LoraConfig
+
+    from talkmethods.training.build import LORA_TARGETS
+
+    model.add_adapter(name, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if f"lora_B.{name}." in n:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.01).to(p.dtype))
+    return name
 
 
 def _bench_sizes(args) -> dict:
@@ -520,10 +541,10 @@ def parse_plan(plan: str, arm: str) -> list[tuple[list[str], bool]]:
             jobs = [arm] * int(body.rstrip("m"))
         else:
             jobs = body.split("+")
-        bad = [j for j in jobs if j not in (*ARMS, *EVALS, ROLLOUT)]
+        bad = [j for j in jobs if j not in (*ARMS, *EVALS, *ROLLOUTS)]
         if bad or not jobs:
             raise ValueError(
-                f"plan item {item!r}: jobs are {', '.join((*ARMS, *EVALS, ROLLOUT))} (got {bad or 'none'})"
+                f"plan item {item!r}: jobs are {', '.join((*ARMS, *EVALS, *ROLLOUTS))} (got {bad or 'none'})"
             )
         configs.append((jobs, mps))
     return configs

@@ -54,7 +54,7 @@ from talkmethods.engines.fast.generator import (
     FastGenerator,  # noqa: E402
     batch_bucket,  # noqa: E402
 )
-from talkmethods.engines.plain import PlainGenerator  # noqa: E402
+from talkmethods.engines.plain import PlainGenerator, adapter_name  # noqa: E402
 from talkmethods.engines.sampling import Sampling, sample_with_logprob  # noqa: E402
 from talkmethods.models import ModelSpec, load_model, load_tokenizer, pick_device_and_dtype  # noqa: E402
 from talkmethods.recipe import RUN_EVAL_KINDS  # noqa: E402
@@ -222,7 +222,7 @@ def fold(spec: ModelSpec, tokenizer, device, args) -> dict:
             return model(ids, logits_to_keep=1).logits[:, -1].float()  # the vocabulary head on one position, not 64
 
     def engine(adapter: bool) -> torch.Tensor:
-        w = fast.weights[adapter]
+        w = fast.weights[adapter_name(adapter)]
         with torch.no_grad():
             return prefill_math(w.tensors, w.inv_freq, ids, mask, fast.arch, w.rope_scale)[0].float()
 

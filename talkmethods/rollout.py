@@ -1,8 +1,8 @@
 """Batched A, B, A, B rollouts: every chat's turn k is one generate call.
 
-A chat is one 4-turn dialogue on one problem. Each seat can run with the LoRA adapter on or off,
-chat by chat, so a trained A can talk to a base B inside the same batch (one call of a rollout
-engine, ``talkmethods.engines``, serves both). The exact prompt and completion token ids of every
+A chat is one 4-turn dialogue on one problem. Each seat can run with the LoRA adapter on or off
+(or on a named adapter: a seed cohort's), chat by chat, so a trained A can talk to a base B inside
+the same batch (one call of a rollout engine, ``talkmethods.engines``, serves both). The exact prompt and completion token ids of every
 turn are kept for the loss; decoded text is only shown to the partner and the grader.
 """
 
@@ -31,7 +31,7 @@ class Turn:
     """One message: who spoke, with or without the adapter, and its exact tokens."""
 
     seat: str
-    adapter_on: bool
+    adapter_on: bool | str  # True: the policy's adapter; False: the base model; a name: that adapter
     prompt_ids: list[int]
     completion_ids: list[int]
     text: str
@@ -43,8 +43,8 @@ class Chat:
     """One A1 B1 A2 B2 dialogue and its grade."""
 
     problem: dict
-    a_adapter: bool
-    b_adapter: bool
+    a_adapter: bool | str
+    b_adapter: bool | str
     turns: list[Turn] = field(default_factory=list)
     a_right: bool = False
     b_right: bool = False
@@ -54,7 +54,7 @@ class Chat:
         """Team reward: share of the two final answers that are right (0, 0.5, 1)."""
         return team_reward(self.a_right, self.b_right)
 
-    def seat_adapter(self, seat: str) -> bool:
+    def seat_adapter(self, seat: str) -> bool | str:
         return self.a_adapter if seat == "A" else self.b_adapter
 
 
@@ -123,7 +123,7 @@ def play_chats(
     generator: Generator,
     tokenizer,
     problems: Sequence[dict],
-    seats: Sequence[tuple[bool, bool]],
+    seats: Sequence[tuple[bool | str, bool | str]],
     sampling: Sampling,
     judge: Callable[[Turn, dict], bool] = judge_by_gold,
 ) -> tuple[list[Chat], dict]:
@@ -133,7 +133,7 @@ def play_chats(
         generator: a rollout engine (``engines.Generator``).
         tokenizer: the model's tokenizer (with its chat template).
         problems: one problem record per chat (repeat a problem for several chats).
-        seats: per chat, whether A and B run with the adapter.
+        seats: per chat, whether A and B run with the adapter (or which adapter, by name).
         sampling: sampling settings.
         judge: decides whether a seat's final message is right.
 

@@ -138,8 +138,10 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     mean nothing.)"""
     import shutil
 
-    res = _share(tmp_path, "--plan", "1,eval,raft+eval,2m,grpo,eval-eager,rollout", "--profile-events", "9")
-    one, ev, mix, mps, second, eager, rollout = res["rows"]
+    res = _share(
+        tmp_path, "--plan", "1,eval,raft+eval,2m,grpo,eval-eager,rollout,cohort-rollout", "--profile-events", "9"
+    )
+    one, ev, mix, mps, second, eager, rollout, cohort = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [
         ["grpo"],
         ["eval"],
@@ -148,9 +150,11 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         ["grpo"],
         ["eval-eager"],
         ["rollout"],
+        ["cohort-rollout"],
     ]
     assert eager["events"] == [2] and eager["work"] == 1.0  # an eval kind of its own (the same on a CPU)
     assert rollout["events"] == [3] and rollout["interval_s"][0] > 0  # a step's chats, no step: --steps of them
+    assert cohort["events"] == [3] and cohort["interval_s"][0] > 0  # three seeds' chats an event
     # --profile-events past the job's end: the events profiled until then
     assert "training_step" in (tmp_path / "plain_grpo_0.events.txt").read_text()
     assert "play_chats" in (tmp_path / "plain_rollout_0.events.txt").read_text()
@@ -169,7 +173,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     assert one["steps_per_s"] > 0 and one["overlap_s"] > 0
     # work is measured against each job alone: grpo's and eval's solos are 1 by definition; raft had no solo
     assert one["work"] == 1.0 and ev["work"] == 1.0 and mix["work"] is None
-    assert set(res["alone_interval_s"]) == {"grpo", "eval", "eval-eager", "rollout"}
+    assert set(res["alone_interval_s"]) == {"grpo", "eval", "eval-eager", "rollout", "cohort-rollout"}
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]
     md = (tmp_path / "share.md").read_text()

@@ -11,6 +11,7 @@ import torch
 from conftest import chat_prompts
 
 from talkmethods.engines.fast.generator import COLUMN_BUCKET, FastGenerator, batch_bucket
+from talkmethods.engines.loop import LoopGenerator
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
 from talkmethods.models import ModelSpec, load_model
@@ -127,17 +128,79 @@ def test_sync_weights_folds_in_the_new_adapter_and_staleness_shows(qwen_tokenize
     )
 
 
+def _cohort(seeds=("seed17", "seed18", "seed19")):
+    """A model with one LoRA adapter per seed (no ``default``), each with its own non-zero B."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj", "gate_proj"])
+    model = get_peft_model(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32), cfg, adapter_name=seeds[0])
+    for name in seeds[1:]:
+        model.add_adapter(name, cfg)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+def test_several_adapters_and_the_base_decode_in_one_call_as_each_alone(qwen_tokenizer):
+    """A seed cohort's call: each row on its own seed's adapter (or none), the tokens of ``generate``."""
+    model = _cohort()
+    prompts = chat_prompts(qwen_tokenizer, 8)
+    rows = ["seed17", "seed18", False, "seed19", "seed18", "seed17", "seed19", False]
+    want = PlainGenerator(model, qwen_tokenizer).generate(prompts, rows, GREEDY)
+    fast = FastGenerator(model, qwen_tokenizer)
+    assert sorted(fast.weights, key=str) == [None, "seed17", "seed18", "seed19"]
+    assert fast.generate(prompts, rows, GREEDY) == want
+    assert LoopGenerator(model, qwen_tokenizer).generate(prompts, rows, GREEDY) == want  # PEFT's per-row routing
+    for name in ("seed17", "seed18", "seed19"):  # each adapter's rows as in a call of that adapter alone
+        alone = fast.generate(prompts, [name] * 8, GREEDY)
+        assert [a for a, r in zip(alone, rows, strict=True) if r == name] == [
+            w for w, r in zip(want, rows, strict=True) if r == name
+        ]
+    # the adapters really differ: the same prompts say different things under different seeds
+    assert fast.generate(prompts, ["seed17"] * 8, GREEDY) != fast.generate(prompts, ["seed19"] * 8, GREEDY)
+    with pytest.raises(ValueError, match="'default' requested but the model has adapters"):
+        fast.generate(prompts, [True] * 8, GREEDY)
+    with pytest.raises(ValueError, match="'seed20' requested"):
+        PlainGenerator(model, qwen_tokenizer).generate(prompts, ["seed20"] * 8, GREEDY)
+
+
+def test_sync_weights_of_one_adapter_leaves_the_others(qwen_tokenizer):
+    """A cohort's seed folds in its own new weights after its step; the other seeds' copies do not move."""
+    model = _cohort(("seed17", "seed18"))
+    fast = FastGenerator(model, qwen_tokenizer)
+    before = {name: [t.clone() for t in w.tensors] for name, w in fast.weights.items()}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # both adapters move
+                p.add_(0.3 * torch.randn_like(p))
+    fast.sync_weights("seed18")
+    moved = {
+        name: any(not torch.equal(a, b) for a, b in zip(before[name], w.tensors, strict=True))
+        for name, w in fast.weights.items()
+    }
+    assert moved == {None: False, "seed17": False, "seed18": True}
+    fast.sync_weights()
+    prompts = chat_prompts(qwen_tokenizer, 4)
+    rows = ["seed17", "seed18", "seed17", "seed18"]
+    assert fast.generate(prompts, rows, GREEDY) == PlainGenerator(model, qwen_tokenizer).generate(
+        prompts, rows, GREEDY
+    )
+
+
 def test_cache_grows_for_longer_prompts_and_turns(peft_model, qwen_tokenizer):
     fast = FastGenerator(peft_model, qwen_tokenizer)
     short = chat_prompts(qwen_tokenizer, 2)
     fast.generate(short, [True] * 2, GREEDY)
-    columns = fast._slots[(2, (None, True))].columns
+    columns = fast._slots[(2, (None, "default"))].columns
     long = [(p[:-5] * 100)[: columns - k] + p[-5:] for k, p in enumerate(short)]  # wider than the cache
     assert max(len(p) for p in long) + GREEDY.max_new_tokens > columns
     want = PlainGenerator(peft_model, qwen_tokenizer).generate(long, [True] * 2, GREEDY)
     assert fast.generate(long, [True] * 2, GREEDY) == want
-    assert fast._slots[(2, (None, True))].columns >= max(len(p) for p in long) + GREEDY.max_new_tokens
-    assert fast._slots[(2, (None, True))].columns % COLUMN_BUCKET == 0
+    assert fast._slots[(2, (None, "default"))].columns >= max(len(p) for p in long) + GREEDY.max_new_tokens
+    assert fast._slots[(2, (None, "default"))].columns % COLUMN_BUCKET == 0
 
 
 def test_rows_stop_at_their_own_end_of_turn(peft_model, qwen_tokenizer):
@@ -188,7 +251,7 @@ def test_a_policy_with_nan_weights_stops_the_rollout(qwen_tokenizer):
     model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32).eval()
     gen = FastGenerator(model, qwen_tokenizer)
     with torch.no_grad():
-        gen.weights[False].tensors[1].fill_(float("nan"))  # layer 0's fused q/k/v
+        gen.weights[None].tensors[1].fill_(float("nan"))  # layer 0's fused q/k/v
     with pytest.raises(FloatingPointError, match="non-finite"):
         gen.generate(chat_prompts(qwen_tokenizer, 2), [False, False], Sampling(max_new_tokens=4))
 
@@ -317,6 +380,6 @@ def test_both_weight_sets_decode_together_on_their_own_buffers(peft_model, qwen_
     together = fast.generate(prompts, [True, False] * 2, GREEDY)
     alone = [fast.generate([p], [on], GREEDY)[0] for p, on in zip(prompts, [True, False] * 2, strict=True)]
     assert together == alone
-    on, off = fast._slots[(2, (None, True))], fast._slots[(2, (None, False))]
+    on, off = fast._slots[(2, (None, "default"))], fast._slots[(2, (None, None))]
     assert on.k.data_ptr() != off.k.data_ptr() and on.counters.data_ptr() != off.counters.data_ptr()
     assert fast.timing["decode_steps"] == 2 * (GREEDY.max_new_tokens - 1) + 4 * (GREEDY.max_new_tokens - 1)

@@ -25,13 +25,18 @@ class Generator(Protocol):
     last_logprobs: list[list[float]] | None  # the last call's per-token log-probs, from an engine that scores them
 
     def generate(
-        self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling, lane: str | None = None
+        self, prompts: list[list[int]], adapter_on: list[bool | str], sampling: Sampling, lane: str | None = None
     ) -> list[list[int]]:
-        """One completion per prompt, token ids up to and including the first stop token."""
+        """One completion per prompt, token ids up to and including the first stop token.
+
+        ``adapter_on``: per row, True (the policy's adapter), False (the base model) or the name of
+        one of the model's adapters (a seed cohort's).
+        """
         ...
 
-    def sync_weights(self) -> None:
-        """Take up the model's current weights (the trainer calls it after each optimizer step)."""
+    def sync_weights(self, adapter: str | None = None) -> None:
+        """Take up the model's current weights (the trainer calls it after each optimizer step);
+        ``adapter``: only that adapter's moved."""
         ...
 
 

@@ -8,30 +8,28 @@ from __future__ import annotations
 
 import torch
 
-from talkmethods.engines.plain import BASE_ADAPTER, PlainGenerator
+from talkmethods.engines.plain import BASE_ADAPTER, PlainGenerator, check_adapters, routes_rows
 from talkmethods.engines.sampling import Sampling, refuse_repetition_penalty, sample_with_logprob
 
 
 class LoopGenerator(PlainGenerator):
     """Batched decode loop over a KV cache; same interface and trimming as ``PlainGenerator``."""
 
-    def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+    def _generate(self, prompts: list[list[int]], adapter_on: list[bool | str], sampling: Sampling) -> list[list[int]]:
         refuse_repetition_penalty(sampling, "loop")
-        is_peft = hasattr(self.model, "disable_adapter")
-        if not is_peft and any(adapter_on):
-            raise ValueError("adapter requested but the model has no adapter")
-        if is_peft and not any(adapter_on):
+        names = check_adapters(self.model, adapter_on)
+        if all(n is None for n in names) and hasattr(self.model, "disable_adapter"):
             with self.model.disable_adapter():
-                return self._decode(prompts, [True] * len(prompts), sampling, peft_mixed=False)
+                return self._decode(prompts, names, sampling, peft_mixed=False)
         # PEFT's per-row adapter routing splits every layer's batch: only pay for it in a mixed batch
-        return self._decode(prompts, adapter_on, sampling, peft_mixed=is_peft and not all(adapter_on))
+        return self._decode(prompts, names, sampling, peft_mixed=routes_rows(self.model, names))
 
-    def _decode(self, prompts, adapter_on, sampling: Sampling, peft_mixed: bool) -> list[list[int]]:
+    def _decode(self, prompts, names: list[str | None], sampling: Sampling, peft_mixed: bool) -> list[list[int]]:
         from transformers import DynamicCache
 
         ids, mask = self.left_pad(prompts)
         n, device = ids.size(0), ids.device
-        extra = {"adapter_names": ["default" if on else BASE_ADAPTER for on in adapter_on]} if peft_mixed else {}
+        extra = {"adapter_names": [BASE_ADAPTER if a is None else a for a in names]} if peft_mixed else {}
         eos = torch.tensor(self.eos_ids, device=device)
         cache = DynamicCache()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)

@@ -7,6 +7,33 @@ import torch
 from talkmethods.engines.sampling import Sampling
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+DEFAULT_ADAPTER = "default"  # PEFT's name of the adapter a policy trains
+
+
+def adapter_name(on: bool | str) -> str | None:
+    """A row's adapter as PEFT names it: ``True`` is the policy's own (``default``), ``False`` none (the
+    base model), a string that named adapter (a seed cohort's ``seed18``)."""
+    if on is True:
+        return DEFAULT_ADAPTER
+    return None if on is False else on
+
+
+def check_adapters(model, adapter_on) -> list[str | None]:
+    """Each row's adapter name; a clear error for an adapter the model does not have."""
+    names = [adapter_name(on) for on in adapter_on]
+    have = set(getattr(model, "peft_config", {}) or {})
+    missing = sorted({n for n in names if n is not None} - have)
+    if missing:
+        what = f"has adapters {sorted(have)}" if have else "has no adapter"
+        raise ValueError(f"adapter {missing[0]!r} requested but the model {what}")
+    return names
+
+
+def routes_rows(model, names: list[str | None]) -> bool:
+    """Whether a batch needs PEFT's per-row adapter routing: not when every row is the active adapter's."""
+    if not hasattr(model, "disable_adapter"):  # not a PEFT model: every row is the base model
+        return False
+    return any(n != model.active_adapter for n in names)
 
 
 class PlainGenerator:
@@ -24,15 +51,17 @@ class PlainGenerator:
         self.pad_id = tokenizer.pad_token_id
         self.last_logprobs: list[list[float]] | None = None  # engines that score their tokens set this
 
-    def sync_weights(self) -> None:
+    def sync_weights(self, adapter: str | None = None) -> None:
         """Called after each optimizer step; this engine reads the live model, so nothing to do."""
 
     def generate(
-        self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling, lane: str | None = None
+        self, prompts: list[list[int]], adapter_on: list[bool | str], sampling: Sampling, lane: str | None = None
     ) -> list[list[int]]:
         """Sample one completion per prompt; returns token ids up to and including the first EOS.
 
-        ``lane`` is the ``Generator`` protocol's; this engine keeps nothing between calls and ignores it.
+        ``adapter_on``: per row, ``True`` (the policy's adapter), ``False`` (the base model) or an
+        adapter's name (``adapter_name``). ``lane`` is the ``Generator`` protocol's; this engine keeps
+        nothing between calls and ignores it.
         """
         was_training = self.model.training
         self.model.eval()  # PEFT refuses mixed-adapter batches in training mode; LoRA dropout is 0 anyway
@@ -53,7 +82,8 @@ class PlainGenerator:
             mask[i, width - len(p) :] = 1
         return ids.to(device), mask.to(device)
 
-    def _generate(self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling) -> list[list[int]]:
+    def _generate(self, prompts: list[list[int]], adapter_on: list[bool | str], sampling: Sampling) -> list[list[int]]:
+        names = check_adapters(self.model, adapter_on)
         ids, mask = self.left_pad(prompts)
         width = ids.size(1)
         # Every knob explicit: generate() would otherwise take what the checkpoint's generation_config
@@ -74,16 +104,12 @@ class PlainGenerator:
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
         )
-        is_peft = hasattr(self.model, "disable_adapter")
-        if is_peft and not all(adapter_on):
-            if any(adapter_on):
-                kwargs["adapter_names"] = ["default" if on else BASE_ADAPTER for on in adapter_on]
-            else:
-                with self.model.disable_adapter():
-                    out = self.model.generate(**kwargs)
-                return self._trim(out[:, width:])
-        elif not is_peft and any(adapter_on):
-            raise ValueError("adapter requested but the model has no adapter")
+        if all(n is None for n in names) and hasattr(self.model, "disable_adapter"):
+            with self.model.disable_adapter():
+                out = self.model.generate(**kwargs)
+            return self._trim(out[:, width:])
+        if routes_rows(self.model, names):  # PEFT routes each row to its adapter (or none)
+            kwargs["adapter_names"] = [BASE_ADAPTER if n is None else n for n in names]
         out = self.model.generate(**kwargs)
         return self._trim(out[:, width:])
 

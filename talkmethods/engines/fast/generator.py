@@ -27,7 +27,7 @@ from talkmethods.engines.fast.qwen2 import (
 )
 from talkmethods.engines.fast.sampler import sample
 from talkmethods.engines.fast.weights import Arch, FusedWeights
-from talkmethods.engines.plain import PlainGenerator
+from talkmethods.engines.plain import PlainGenerator, check_adapters
 from talkmethods.engines.sampling import Sampling, refuse_repetition_penalty
 
 COLUMN_BUCKET = 256  # cache columns attended are rounded up to this (one graph per bucket)
@@ -116,17 +116,19 @@ class FastGenerator(PlainGenerator):
         self.graphs = device.type == "cuda" if graphs is None else graphs
         compile = self.graphs if compile is None else compile
         self.is_peft = hasattr(model, "disable_adapter")
-        self.weights = {False: FusedWeights(model, adapter=False)}
-        if self.is_peft:
-            self.weights[True] = FusedWeights(model, adapter=True)
-        self.arch = self.weights[False].arch
-        self.dtype = self.weights[False].tensors[1].dtype
+        # a weight set per adapter the model has (a seed cohort's several; a policy's one, ``default``)
+        # and the base model's, keyed by the adapter's name (None: the base)
+        self.weights = {None: FusedWeights(model, adapter=None)}
+        for name in sorted(getattr(model, "peft_config", {}) or {}) if self.is_peft else []:
+            self.weights[name] = FusedWeights(model, adapter=name)
+        self.arch = self.weights[None].arch
+        self.dtype = self.weights[None].tensors[1].dtype
         self._slots: dict[tuple, _Slots] = {}  # (rows, lane): a lane keeps its own cache
         self._lanes: dict[tuple, _Lane] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self._pools: dict[bool, object] = {}  # a graph memory pool per weight set: their batches may run at once
+        self._pools: dict[str | None, object] = {}  # a graph memory pool per weight set: their batches may run at once
         self._streams: list = []
-        self._capture_streams: dict[bool, object] = {}
+        self._capture_streams: dict[str | None, object] = {}
         # The layer is compiled once for all 28 layers (seconds, not minutes), and the step's two ends
         # beside it; shapes become symbolic after the second batch/column size. Sampling is not
         # compiled: it runs as two Triton kernels (``sampler``), plain or top-k/top-p.
@@ -184,14 +186,19 @@ class FastGenerator(PlainGenerator):
 
     reuses_turns = True  # ``play_chats`` names each seat's lane (``generate(..., lane=seat)``)
 
-    def sync_weights(self) -> None:
-        """Fold the adapter's current weights into the inference copy (after each optimizer step)."""
-        if self.is_peft:
-            self.weights[True].refresh()
-        self._lanes.clear()  # cached K/V of the old weights are not continued
+    def sync_weights(self, adapter: str | None = None) -> None:
+        """Fold an adapter's current weights into its inference copy (after each optimizer step).
+
+        ``adapter``: the one whose weights moved (a cohort's seed after its step); None: every adapter.
+        """
+        for name, weights in self.weights.items():
+            if name is not None and adapter in (None, name):
+                weights.refresh()
+        # cached K/V of the old weights are not continued
+        self._lanes = {k: v for k, v in self._lanes.items() if adapter is not None and k[1] != adapter}
 
     def generate(
-        self, prompts: list[list[int]], adapter_on: list[bool], sampling: Sampling, lane: str | None = None
+        self, prompts: list[list[int]], adapter_on: list[bool | str], sampling: Sampling, lane: str | None = None
     ) -> list[list[int]]:
         """Sample a completion per prompt (``PlainGenerator.generate``), keeping K/V per ``lane``.
 
@@ -201,21 +208,21 @@ class FastGenerator(PlainGenerator):
         partner's reply, not the whole dialogue. Other rows (and every row after new weights) are
         prefilled whole. A lane continues once, then starts afresh.
         """
-        if not self.is_peft and any(adapter_on):
-            raise ValueError("adapter requested but the model has no adapter")
+        names = check_adapters(self.model, adapter_on)
         refuse_repetition_penalty(sampling, "fast")
         outs: list = [None] * len(prompts)
         logps: list = [None] * len(prompts)
-        # one batch per weight set (base-seat rows run on the base copy); with both, the two decode
-        # together: step by step, on two CUDA streams when graphs run
-        sets = [(on, [i for i, a in enumerate(adapter_on) if a == on]) for on in (True, False)]
-        sets = [(on, rows) for on, rows in sets if rows]
+        # one batch per weight set (base-seat rows run on the base copy, a cohort's seeds each on its
+        # own); several decode together, step by step, each on its own CUDA stream when graphs run
+        order = sorted({n for n in names if n is not None}) + [None]
+        sets = [(name, [i for i, n in enumerate(names) if n == name]) for name in order]
+        sets = [(name, rows) for name, rows in sets if rows]
         with torch.no_grad():
             batches = [
                 self._begin(
-                    [prompts[i] for i in rows], self.weights[on], sampling, None if lane is None else (lane, on)
+                    [prompts[i] for i in rows], self.weights[name], sampling, None if lane is None else (lane, name)
                 )
-                for on, rows in sets
+                for name, rows in sets
             ]
             self._decode(batches)
             for (_, rows), batch in zip(sets, batches, strict=True):

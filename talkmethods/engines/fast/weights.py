@@ -1,8 +1,8 @@
 """The fast engine's weights: a fused inference copy of a Qwen2 policy, the LoRA adapter folded in.
 
-``FusedWeights`` holds, per layer, q/k/v and gate/up fused into one matrix each with ``W + s·B·A``
-merged in (or the base weights, for base-seat turns), rewritten in place by ``refresh`` after each
-optimizer step so that captured CUDA graphs keep reading the same addresses.
+``FusedWeights`` holds, per layer, q/k/v and gate/up fused into one matrix each with one adapter's
+``W + s·B·A`` merged in (or the base weights, for base-seat turns), rewritten in place by ``refresh``
+after each optimizer step so that captured CUDA graphs keep reading the same addresses.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-ADAPTER = "default"  # PEFT's name of the adapter the policy trains
+from talkmethods.engines.plain import adapter_name
 
 
 @dataclass(frozen=True)
@@ -45,31 +45,34 @@ def _base_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _effective_weight(linear, adapter: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The (weight, bias) a possibly-LoRA Linear applies, the adapter folded in when ``adapter``."""
+def _effective_weight(linear, adapter: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (weight, bias) a possibly-LoRA Linear applies, the adapter named ``adapter`` folded in (``None``: none)."""
     if not hasattr(linear, "base_layer"):
         return linear.weight, linear.bias
     base = linear.base_layer
     weight = base.weight
-    if adapter and ADAPTER in linear.lora_A:
-        if linear.use_dora.get(ADAPTER, False):
+    if adapter is not None and adapter in linear.lora_A:
+        if linear.use_dora.get(adapter, False):
             raise ValueError("the fast engine does not merge DoRA adapters: set train.engine and eval.engine to loop")
-        a = linear.lora_A[ADAPTER].weight.float()
-        b = linear.lora_B[ADAPTER].weight.float()
-        weight = (weight.float() + (b @ a) * linear.scaling[ADAPTER]).to(weight.dtype)
+        a = linear.lora_A[adapter].weight.float()
+        b = linear.lora_B[adapter].weight.float()
+        weight = (weight.float() + (b @ a) * linear.scaling[adapter]).to(weight.dtype)
     return weight, base.bias
 
 
 class FusedWeights:
-    """One fused inference copy of the policy's weights, with or without the adapter.
+    """One fused inference copy of the policy's weights, with one of its adapters merged in or none.
+
+    ``adapter``: the adapter's PEFT name (``None``: the base model; ``True``/``False`` mean the
+    policy's own, ``default``, and none).
 
     Per layer: ``[in_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w]``; then ``[norm, embed, lm_head]``.
     Norms and embeddings are the model's own tensors (LoRA does not touch them); the fused matrices are
     owned here and rewritten in place by ``refresh`` so that captured CUDA graphs keep their addresses.
     """
 
-    def __init__(self, model, adapter: bool):
-        self.model, self.adapter = model, adapter
+    def __init__(self, model, adapter: str | bool | None):
+        self.model, self.adapter = model, adapter_name(adapter) if isinstance(adapter, bool) else adapter
         hf = _base_model(model)
         self.arch = Arch.of(hf.config)
         self.tensors: list[torch.Tensor] = []
