@@ -53,9 +53,11 @@ EVALS = {"eval": "fast", "eval-eager": "fast-eager"}
 # a training step's chats alone (8 problems x 4 chats, A B A B, the training sampling, the fast engine) and
 # no training: under MPS, how much of K runs' decoding overlaps, apart from their training steps
 ROLLOUT = "rollout"
-# the three seeds of a cohort: each seed's step of chats on its own adapter, all in one engine call
-# (one batch per adapter, decoded together on their own streams): an event is three seeds' rollouts
-ROLLOUTS = {ROLLOUT: 1, "cohort-rollout": 3}
+# the three seeds of a cohort: each seed's step of chats on its own adapter, all in one engine call, as one
+# batch per adapter's merged copy decoded together on their own streams (cohort-rollout), or as one batch
+# over the base weights with the adapters' LoRA as batched products (cohort-stacked); an event is three
+# seeds' rollouts. Values: (seeds, stacked)
+ROLLOUTS = {ROLLOUT: (1, False), "cohort-rollout": (3, False), "cohort-stacked": (3, True)}
 _PROFILE = None  # a worker's cProfile of its building (--profile-build)
 
 
@@ -208,12 +210,13 @@ def worker(args) -> None:
         tokenizer = load_tokenizer(spec)
         problems = speed.bench_problems()[0]
         model, _, _ = speed.eval_setup(spec, device, dtype, args, problems)  # a LoRA that changes outputs
-        names = [True] + [_add_adapter(model, f"seed{k}", args.lora_r, k) for k in range(1, ROLLOUTS[args.job])]
+        seeds, stacked = ROLLOUTS[args.job]
+        names = [True] + [speed.add_adapter(model, f"seed{k}", args.lora_r, k, 0.01) for k in range(1, seeds)]
         cfg = speed._train_config("grpo", spec, argparse.Namespace(**{**_bench_sizes(args), "micro_batches": 1}), 1)
         problems = problems[: cfg.problems_per_step]
         chats = [p for p in problems for _ in range(cfg.chats_per_problem)] * len(names)
         seats = [(name, name) for name in names for _ in range(len(chats) // len(names))]
-        generator = FastGenerator(model, tokenizer)
+        generator = FastGenerator(model, tokenizer, stack_adapters=stacked)
         t_built = time.time()
         _end_profile(args)
         liger = micro_batches = None
@@ -307,22 +310,6 @@ def _sampled(args, play, streams) -> dict | None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return sampler.stop()
-
-
-def _add_adapter(model, name: str, r: int, seed: int) -> str:
-    """Another LoRA adapter on ``model`` (a cohort's seed), with its own non-zero B, as the bench's first."""
-    import torch
-    from peft import LoraConfig
-
-    from talkmethods.training.build import LORA_TARGETS
-
-    model.add_adapter(name, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if f"lora_B.{name}." in n:
-                p.copy_((torch.randn(p.shape, generator=g) * 0.01).to(p.dtype))
-    return name
 
 
 def _bench_sizes(args) -> dict:

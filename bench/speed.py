@@ -105,6 +105,21 @@ def _peft(model, r: int, seed: int = 0, b_scale: float = 0.0):
     return model.eval()
 
 
+def add_adapter(model, name: str, r: int, seed: int, b_scale: float) -> str:
+    """Another LoRA adapter on ``model`` (a seed cohort's), the recipe's shape, its own non-zero B."""
+    from peft import LoraConfig
+
+    from talkmethods.training.build import LORA_TARGETS
+
+    model.add_adapter(name, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if f"lora_B.{name}." in n:
+                p.copy_((torch.randn(p.shape, generator=g) * b_scale).to(p.dtype))
+    return name
+
+
 def _prompts(tokenizer, n: int, width: int, seed: int = 0) -> list[list[int]]:
     """``n`` chat prompts of about ``width`` tokens (random words: the cost depends on length only)."""
     g = torch.Generator().manual_seed(seed)
@@ -139,6 +154,17 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
                 lp = model(ids).logits[0, len(prompts[i]) - 1 : -1].float().log_softmax(-1)
             ref = lp.gather(-1, torch.tensor(got[i], device=device)[:, None])[:, 0].cpu()
             worst = max(worst, (ref - torch.tensor(got_logprobs[i])).abs().max().item())
+    # a seed cohort's call: rows of three adapters and the base, as one batch per adapter (streams) and
+    # as one stacked batch over the base weights
+    cohort = [True, add_adapter(model, "seed1", args.lora_r, 1, 0.2), add_adapter(model, "seed2", args.lora_r, 2, 0.2)]
+    cohort_on = [*cohort, False] * 2
+    want = PlainGenerator(model, tokenizer).generate(prompts, cohort_on, greedy)
+    by_form = {
+        stack: FastGenerator(model, tokenizer, attention=args.attention[0], stack_adapters=stack).generate(
+            prompts, cohort_on, greedy
+        )
+        for stack in (False, True)
+    }
     kernel = _kernel_check(device, model.config) if da.available(device) else None
     sampler = _sampler_check(device, model.config.vocab_size) if ds.handles(device, 0, 1.0, 2) else None
     out = {
@@ -149,6 +175,9 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
         "sampler": sampler,
         "rows_identical": sum(a == b for a, b in zip(got, plain, strict=True)),
         "eager_rows_identical": sum(a == b for a, b in zip(eager, plain, strict=True)),
+        "cohort_rows_identical": sum(a == b for a, b in zip(by_form[False], want, strict=True)),
+        "stacked_rows_identical": sum(a == b for a, b in zip(by_form[True], want, strict=True)),
+        "cohort_adapters_differ": len({tuple(want[i]) for i in range(3)}) == 3,
         "adapter_changes_output": any(got[i] != base_only[i] for i in range(0, 8, 2)),
         "logp_max_abs_diff_fp32": worst,
         "graphs": fast.graphs,
@@ -160,12 +189,15 @@ def guard(spec: ModelSpec, tokenizer, device, args) -> dict:
 
 
 def guard_error(g: dict) -> str | None:
-    """The guard's verdict: in fp32 greedy every row of both fast forms is ``generate``'s, or why not."""
-    if g["rows_identical"] == g["eager_rows_identical"] == g["rows"]:
+    """The guard's verdict: in fp32 greedy every row of both fast forms, and of a cohort's call in both
+    forms, is ``generate``'s, or why not."""
+    counts = ("rows_identical", "eager_rows_identical", "cohort_rows_identical", "stacked_rows_identical")
+    if all(g[k] == g["rows"] for k in counts):
         return None
     return (
         f"fp32 greedy tokens differ from generate's: fast {g['rows_identical']}/{g['rows']} rows, "
-        f"fast-eager {g['eager_rows_identical']}/{g['rows']}"
+        f"fast-eager {g['eager_rows_identical']}/{g['rows']}, a cohort's call "
+        f"{g['cohort_rows_identical']}/{g['rows']} (stacked {g['stacked_rows_identical']}/{g['rows']})"
     )
 
 
@@ -1049,6 +1081,11 @@ def table(res: dict) -> str:
             f"guard (fp32, greedy, {g['rows']} rows × {g['tokens_per_row']} tokens, adapter and base rows in one call): "
             f"fast == generate: {g['identical']} ({g['rows_identical']}/{g['rows']} rows"
             + (f"; fast-eager: {g['eager_rows_identical']}/{g['rows']}" if "eager_rows_identical" in g else "")
+            + (
+                f"; a cohort's call: {g['cohort_rows_identical']}/{g['rows']}, stacked {g['stacked_rows_identical']}/{g['rows']}"
+                if "stacked_rows_identical" in g
+                else ""
+            )
             + "); adapter changes output: "
             f"{g['adapter_changes_output']}; max |Δ log-prob| vs a plain forward: {g['logp_max_abs_diff_fp32']:.2e}"
             + (

@@ -37,10 +37,12 @@ def test_snakemake_bench_runs_every_section_and_writes_the_table(tmp_path):
     g = out["guard"]
     assert g["identical"] and g["rows_identical"] == g["rows"] == 8 and g["adapter_changes_output"]
     assert g["eager_rows_identical"] == 8
+    assert g["cohort_rows_identical"] == g["stacked_rows_identical"] == 8 and g["cohort_adapters_differ"]
     speed = _bench_module("speed")
     assert speed.guard_error(g) is None
     assert "fast-eager 7/8" in speed.guard_error({**g, "eager_rows_identical": 7})  # a row off fails the bench
     assert "fast 0/8" in speed.guard_error({**g, "rows_identical": 0})
+    assert "stacked 5/8" in speed.guard_error({**g, "stacked_rows_identical": 5})
     assert g["logp_max_abs_diff_fp32"] < 1e-4
     f = out["fold"]  # its verdict is not enforced with --quick (a width-64 model is not what it guards)
     assert [r["k"] for r in f["rows"]] == [1, 5, 20]
@@ -139,9 +141,13 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     import shutil
 
     res = _share(
-        tmp_path, "--plan", "1,eval,raft+eval,2m,grpo,eval-eager,rollout,cohort-rollout", "--profile-events", "9"
+        tmp_path,
+        "--plan",
+        "1,eval,raft+eval,2m,grpo,eval-eager,rollout,cohort-rollout,cohort-stacked",
+        "--profile-events",
+        "9",
     )
-    one, ev, mix, mps, second, eager, rollout, cohort = res["rows"]
+    one, ev, mix, mps, second, eager, rollout, cohort, stacked = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [
         ["grpo"],
         ["eval"],
@@ -151,10 +157,12 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         ["eval-eager"],
         ["rollout"],
         ["cohort-rollout"],
+        ["cohort-stacked"],
     ]
     assert eager["events"] == [2] and eager["work"] == 1.0  # an eval kind of its own (the same on a CPU)
     assert rollout["events"] == [3] and rollout["interval_s"][0] > 0  # a step's chats, no step: --steps of them
-    assert cohort["events"] == [3] and cohort["interval_s"][0] > 0  # three seeds' chats an event
+    for row in (cohort, stacked):  # three seeds' chats an event
+        assert row["events"] == [3] and row["interval_s"][0] > 0
     # --profile-events past the job's end: the events profiled until then
     assert "training_step" in (tmp_path / "plain_grpo_0.events.txt").read_text()
     assert "play_chats" in (tmp_path / "plain_rollout_0.events.txt").read_text()
@@ -173,7 +181,14 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     assert one["steps_per_s"] > 0 and one["overlap_s"] > 0
     # work is measured against each job alone: grpo's and eval's solos are 1 by definition; raft had no solo
     assert one["work"] == 1.0 and ev["work"] == 1.0 and mix["work"] is None
-    assert set(res["alone_interval_s"]) == {"grpo", "eval", "eval-eager", "rollout", "cohort-rollout"}
+    assert set(res["alone_interval_s"]) == {
+        "grpo",
+        "eval",
+        "eval-eager",
+        "rollout",
+        "cohort-rollout",
+        "cohort-stacked",
+    }
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]
     md = (tmp_path / "share.md").read_text()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chat_prompts
+from conftest import chat_prompts, tiny_problems
 
 from talkmethods.engines.fast.generator import COLUMN_BUCKET, FastGenerator, batch_bucket
 from talkmethods.engines.loop import LoopGenerator
@@ -165,6 +165,45 @@ def test_several_adapters_and_the_base_decode_in_one_call_as_each_alone(qwen_tok
         fast.generate(prompts, [True] * 8, GREEDY)
     with pytest.raises(ValueError, match="'seed20' requested"):
         PlainGenerator(model, qwen_tokenizer).generate(prompts, ["seed20"] * 8, GREEDY)
+
+
+def test_stacked_adapters_decode_as_one_batch_with_the_tokens_of_generate(qwen_tokenizer):
+    """``stack_adapters``: the adapters' rows in one batch over the base weights (each group's LoRA as a
+    batched product, groups of unequal size filled up), the base rows beside; every row as ``generate``."""
+    model = _cohort()
+    prompts = chat_prompts(qwen_tokenizer, 9)
+    rows = ["seed17", "seed18", False, "seed19", "seed18", "seed17", "seed19", False, "seed17"]
+    want = PlainGenerator(model, qwen_tokenizer).generate(prompts, rows, GREEDY)
+    fast = FastGenerator(model, qwen_tokenizer, stack_adapters=True)
+    assert fast.generate(prompts, rows, GREEDY) == want
+    assert list(fast._stacked) == [("seed17", "seed18", "seed19")]
+    # 3 groups filled to 3 rows (seed17's), decoded as one batch beside the base rows' batch
+    assert fast._slots[(9, (None, ("seed17", "seed18", "seed19")))].k.size(1) == 9
+    # a seed's new weights reach the stack after sync_weights(that seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B.seed18" in name:
+                p.add_(0.5 * torch.randn_like(p))
+    fast.sync_weights("seed18")
+    assert fast.generate(prompts, rows, GREEDY) == PlainGenerator(model, qwen_tokenizer).generate(
+        prompts, rows, GREEDY
+    )
+
+
+def test_a_stacked_cohort_plays_whole_chats_as_generate_does(qwen_tokenizer):
+    """Four turns, each seat's lane continued over the stacked batch (prefix reuse), against ``generate``."""
+    from talkmethods.rollout import play_chats
+
+    model = _cohort()
+    chats = [p for p in tiny_problems(4) for _ in range(3)]
+    seats = [(n, n) for n in ("seed17", "seed18", "seed19")] * 4
+    sampling = Sampling(max_new_tokens=8, top_k=1)
+    fast = FastGenerator(model, qwen_tokenizer, stack_adapters=True)
+    got, _ = play_chats(fast, qwen_tokenizer, chats, seats, sampling)
+    want, _ = play_chats(PlainGenerator(model, qwen_tokenizer), qwen_tokenizer, chats, seats, sampling)
+    assert [[t.completion_ids for t in c.turns] for c in got] == [[t.completion_ids for t in c.turns] for c in want]
+    assert list(fast._stacked) == [("seed17", "seed18", "seed19")]
+    assert fast.timing["reused_tokens"] > 0  # the seats' second turns continued their cached first
 
 
 def test_sync_weights_of_one_adapter_leaves_the_others(qwen_tokenizer):

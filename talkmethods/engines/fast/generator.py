@@ -26,7 +26,7 @@ from talkmethods.engines.fast.qwen2 import (
     visible,
 )
 from talkmethods.engines.fast.sampler import sample
-from talkmethods.engines.fast.weights import Arch, FusedWeights
+from talkmethods.engines.fast.weights import Arch, FusedWeights, StackedWeights
 from talkmethods.engines.plain import PlainGenerator, check_adapters
 from talkmethods.engines.sampling import Sampling, refuse_repetition_penalty
 
@@ -109,8 +109,13 @@ class FastGenerator(PlainGenerator):
         compile: bool | None = None,
         attention: str = "auto",
         compile_ends: bool = True,
+        stack_adapters: bool = False,
     ):
         super().__init__(model, tokenizer)
+        # a call with rows of several adapters (a seed cohort's): one batch over the base weights with each
+        # adapter's LoRA as batched products (True), or one batch per adapter's merged copy (False)
+        self.stack_adapters = stack_adapters
+        self._stacked: dict[tuple, StackedWeights] = {}
         device = next(model.parameters()).device
         self.device = device
         self.graphs = device.type == "cuda" if graphs is None else graphs
@@ -194,8 +199,14 @@ class FastGenerator(PlainGenerator):
         for name, weights in self.weights.items():
             if name is not None and adapter in (None, name):
                 weights.refresh()
-        # cached K/V of the old weights are not continued
-        self._lanes = {k: v for k, v in self._lanes.items() if adapter is not None and k[1] != adapter}
+        for names, stacked in self._stacked.items():
+            if adapter is None or adapter in names:
+                stacked.refresh(adapter)
+
+        def moved(key) -> bool:  # a lane's weights: one adapter's (a name), a stack's (a tuple) or the base's
+            return adapter is None or key == adapter or (isinstance(key, tuple) and adapter in key)
+
+        self._lanes = {k: v for k, v in self._lanes.items() if not moved(k[1])}  # old K/V are not continued
 
     def generate(
         self, prompts: list[list[int]], adapter_on: list[bool | str], sampling: Sampling, lane: str | None = None
@@ -214,30 +225,69 @@ class FastGenerator(PlainGenerator):
         logps: list = [None] * len(prompts)
         # one batch per weight set (base-seat rows run on the base copy, a cohort's seeds each on its
         # own); several decode together, step by step, each on its own CUDA stream when graphs run
-        order = sorted({n for n in names if n is not None}) + [None]
-        sets = [(name, [i for i, n in enumerate(names) if n == name]) for name in order]
-        sets = [(name, rows) for name, rows in sets if rows]
+        adapters = sorted({n for n in names if n is not None})
+        order = [tuple(adapters)] + [None] if self.stack_adapters and len(adapters) > 1 else adapters + [None]
+        sets = [(key, [i for i, n in enumerate(names) if n == key]) for key in order if not isinstance(key, tuple)]
+        sets = [(key, rows) for key, rows in sets if rows]
         with torch.no_grad():
             batches = [
                 self._begin(
-                    [prompts[i] for i in rows], self.weights[name], sampling, None if lane is None else (lane, name)
+                    [prompts[i] for i in rows], self.weights[key], sampling, None if lane is None else (lane, key)
                 )
-                for name, rows in sets
+                for key, rows in sets
             ]
+            if isinstance(order[0], tuple):  # the adapters' rows as one batch, in equal groups
+                rows, batch = self._begin_stacked(prompts, names, order[0], sampling, lane)
+                sets, batches = [(order[0], rows), *sets], [batch, *batches]
             self._decode(batches)
             for (_, rows), batch in zip(sets, batches, strict=True):
                 toks, lps = self._finish(batch)
                 for i, t, lp in zip(rows, toks, lps, strict=True):
-                    outs[i], logps[i] = t, lp
+                    if i is not None:  # a stacked batch's filler rows are dropped
+                        outs[i], logps[i] = t, lp
         self.last_logprobs = logps
         return outs
 
+    def _begin_stacked(self, prompts, names, adapters: tuple, sampling: Sampling, lane: str | None):
+        """One batch of every adapter's rows over ``StackedWeights``: group ``s`` (adapter ``s``'s rows,
+        then filler rows up to the largest group's bucket) is prefilled on that adapter's merged copy and
+        decoded with the others. Returns each batch row's call row (None: a filler) and the batch."""
+        groups = [[i for i, n in enumerate(names) if n == a] for a in adapters]
+        widest = max(len(g) for g in groups)
+        size = batch_bucket(widest) if self.graphs else widest
+        rows = [i for g in groups for i in g + [None] * (size - len(g))]
+        stacked = self._stacked.get(adapters)
+        if stacked is None:
+            stacked = self._stacked[adapters] = StackedWeights(self.model, self.weights[None], adapters)
+        parts = [(self.weights[a], s * size, (s + 1) * size) for s, a in enumerate(adapters)]
+        batch = self._begin(
+            [prompts[i] if i is not None else [self.pad_id] for i in rows],
+            stacked,
+            sampling,
+            None if lane is None else (lane, adapters),
+            parts=parts,
+            filler=[i is None for i in rows],
+        )
+        return rows, batch
+
     # -- one batch on one weight set ------------------------------------------------------------
 
-    def _begin(self, prompts, weights: FusedWeights, sampling: Sampling, lane: tuple | None = None) -> _Batch:
-        """Set a batch up: its cache and graph, its prompts prefilled, its first token sampled."""
+    def _begin(
+        self,
+        prompts,
+        weights: FusedWeights | StackedWeights,
+        sampling: Sampling,
+        lane: tuple | None = None,
+        parts: list | None = None,
+        filler: list[bool] | None = None,
+    ) -> _Batch:
+        """Set a batch up: its cache and graph, its prompts prefilled, its first token sampled.
+
+        ``parts``: (merged weights, first row, end row) that prefill a stacked batch's groups;
+        ``filler``: its rows that are no call's (finished from the start, like bucket rows).
+        """
         n, steps = len(prompts), sampling.max_new_tokens
-        rows = batch_bucket(n) if self.graphs else n
+        rows = batch_bucket(n) if self.graphs and parts is None else n
         reused = self._continues(self._lanes.pop(lane, None) if lane is not None else None, prompts)
         if reused is None:  # the whole prompts, from column 0
             state, fed, base = None, prompts, 0
@@ -275,15 +325,21 @@ class FastGenerator(PlainGenerator):
         slots.col.fill_(base + width)
         slots.step.zero_()
         slots.done.copy_(torch.arange(rows, device=self.device) >= n)
+        if filler is not None:
+            slots.done |= torch.tensor(filler, device=self.device)
         slots.out_tok.fill_(self.pad_id)
         slots.out_logp.zero_()
         slots.u[:steps].uniform_()  # the global (seeded) RNG: reproducible rollouts
 
         t0 = time.perf_counter()
-        if state is None:
-            logits = self._prefill(weights, ids, mask, slots)
-        else:
-            logits = self._extend(weights, ids, positions, slots, base)
+        logits = torch.cat(
+            [
+                self._prefill(w, ids[a:b], mask[a:b], slots, a)
+                if state is None
+                else self._extend(w, ids[a:b], positions[a:b], slots, base, a)
+                for w, a, b in parts or [(weights, 0, rows)]
+            ]
+        )
         self.timing["prompt_tokens"] += sum(len(p) for p in prompts)
         self.timing["reused_tokens"] += 0 if state is None else sum(cached)
         tok, logp = sample(logits, slots.u[0], sampling)
@@ -393,8 +449,11 @@ class FastGenerator(PlainGenerator):
         slots.col += 1
         self._record(slots, nxt, logp)
 
-    def _extend(self, weights: FusedWeights, ids, positions, slots: _Slots, base: int) -> torch.Tensor:
-        """Prefill the new tokens ``ids`` (left-padded) at columns ``base`` on, over the cached prefixes."""
+    def _extend(
+        self, weights: FusedWeights, ids, positions, slots: _Slots, base: int, offset: int = 0
+    ) -> torch.Tensor:
+        """Prefill the new tokens ``ids`` (left-padded) at columns ``base`` on, over the cached prefixes
+        (of the batch's rows from ``offset`` on)."""
         width = ids.size(1)
         end = base + width
         cols = torch.arange(end, device=self.device)
@@ -402,7 +461,8 @@ class FastGenerator(PlainGenerator):
         chunk = max(1, min(PREFILL_TOKENS // width, 4 * PREFILL_TOKENS // end))
         logits = []
         for s in range(0, ids.size(0), chunk):
-            pad, hole = slots.pad_start[s : s + chunk, None, None], slots.hole[s : s + chunk, None]
+            r = slice(offset + s, offset + min(s + chunk, ids.size(0)))  # the chunk's rows of the batch
+            pad, hole = slots.pad_start[r, None, None], slots.hole[r, None]
             seen = visible(cols, pad, hole[..., :1], hole[..., 1:], query_col[:, None] + 1)
             allowed = seen | (cols == query_col[:, None])  # a padding query sees itself: no softmax row is empty
             logits.append(
@@ -412,8 +472,8 @@ class FastGenerator(PlainGenerator):
                     ids[s : s + chunk],
                     positions[s : s + chunk],
                     allowed,
-                    slots.k[:, s : s + chunk],
-                    slots.v[:, s : s + chunk],
+                    slots.k[:, r],
+                    slots.v[:, r],
                     base,
                     self.arch,
                     weights.rope_scale,
@@ -422,7 +482,8 @@ class FastGenerator(PlainGenerator):
             )
         return torch.cat(logits)
 
-    def _prefill(self, weights: FusedWeights, ids, mask, slots: _Slots) -> torch.Tensor:
+    def _prefill(self, weights: FusedWeights, ids, mask, slots: _Slots, offset: int = 0) -> torch.Tensor:
+        """The prompts ``ids`` (left-padded) from column 0, into the cache rows from ``offset`` on."""
         width = ids.size(1)
         chunk = max(1, PREFILL_TOKENS // width)
         logits = []
@@ -436,8 +497,9 @@ class FastGenerator(PlainGenerator):
                 weights.rope_scale,
                 self._prefill_layer,
             )
-            slots.k[:, s : s + chunk, :, :width] = k
-            slots.v[:, s : s + chunk, :, :width] = v
+            r = slice(offset + s, offset + min(s + chunk, ids.size(0)))  # the chunk's rows of the batch
+            slots.k[:, r, :, :width] = k
+            slots.v[:, r, :, :width] = v
             logits.append(lg)
         return torch.cat(logits)
 

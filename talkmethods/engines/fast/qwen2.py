@@ -27,6 +27,19 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
+def _linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``; for a cohort's stacked weights ``(W, A, B)`` (``weights.StackedWeights``) the base
+    product over every row plus each row group's own LoRA product: rows come in ``S`` equal groups,
+    group ``s`` on adapter ``s`` (``A``: (S, r, in), ``B``: (S, out, r) with the scaling folded in), so
+    the base weights are read once for all the adapters' rows and the LoRA products are two batched ones."""
+    if not isinstance(w, tuple):
+        return F.linear(x, w, b)
+    w, a, bb = w
+    out = F.linear(x, w, b)
+    h = x.reshape(a.size(0), -1, x.size(-1))  # (S, rows of a group x positions, in)
+    return out + torch.bmm(torch.bmm(h, a.transpose(1, 2)), bb.transpose(1, 2)).view(out.shape)
+
+
 def _rope_tables(inv_freq, scale, positions, dtype):
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -36,14 +49,14 @@ def _rope_tables(inv_freq, scale, positions, dtype):
 def _qkv(x, in_norm, qkv_w, qkv_b, arch: Arch):
     """The attention block's normed input projected to q, k and v (one fused matmul)."""
     d = arch.head_dim
-    qkv = F.linear(_rms_norm(x, in_norm, arch.eps), qkv_w, qkv_b)
+    qkv = _linear(_rms_norm(x, in_norm, arch.eps), qkv_w, qkv_b)
     return qkv.split([arch.heads * d, arch.kv_heads * d, arch.kv_heads * d], dim=-1)
 
 
 def _mlp_residual(x, post_norm, gu_w, down_w, eps: float):
     """``x`` plus Qwen2's SwiGLU MLP of its norm (gate and up in one fused matmul)."""
-    gate, up = F.linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, down_w)
+    gate, up = _linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
+    return x + _linear(F.silu(gate) * up, down_w)
 
 
 def _rotate(x, cos, sin):
@@ -95,7 +108,7 @@ def _layer_step(arch: Arch, attention: str, compile_fn, sms: int):
         return q, _rotate(k.view(n_rows, kv_heads, d), cos, sin), v.view(n_rows, kv_heads, d)
 
     def finish(x, att, o_w, post_norm, gu_w, down_w):
-        x = x + F.linear(att.reshape(x.size(0), heads * d), o_w)
+        x = x + _linear(att.reshape(x.size(0), heads * d), o_w)
         return _mlp_residual(x, post_norm, gu_w, down_w, eps)
 
     if attention == "sdpa":
@@ -128,9 +141,9 @@ def _layer_step(arch: Arch, attention: str, compile_fn, sms: int):
             return x, q.view(n_rows, kv_heads, g, d), k.view(n_rows, kv_heads, d), v.view(n_rows, kv_heads, d)
 
         def finish_apart(x, att, o_w, post_norm, gu_w, down_w):
-            x = (x.float() + F.linear(att.reshape(x.size(0), heads * d), o_w).float()).to(x.dtype)  # = the bf16 add
-            gate, up = F.linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
-            return x, F.linear(F.silu(gate) * up, down_w)
+            x = (x.float() + _linear(att.reshape(x.size(0), heads * d), o_w).float()).to(x.dtype)  # = the bf16 add
+            gate, up = _linear(_rms_norm(x, post_norm, eps), gu_w).chunk(2, dim=-1)
+            return x, _linear(F.silu(gate) * up, down_w)
 
         project_c, finish_c = wrap(project_raw), wrap(finish_apart)
 
@@ -270,7 +283,7 @@ def _prompt_pieces(arch: Arch):
         att = F.scaled_dot_product_attention(
             q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=allowed
         )
-        x = x + F.linear(att.transpose(1, 2).reshape(n_rows, width, heads * d), o_w)
+        x = x + _linear(att.transpose(1, 2).reshape(n_rows, width, heads * d), o_w)
         return _mlp_residual(x, post_norm, gu_w, down_w, eps)
 
     return project, attend

@@ -119,3 +119,68 @@ class FusedWeights:
             t[3].copy_(_effective_weight(att.o_proj, self.adapter)[0])
             t[5].copy_(self._cat([mlp.gate_proj, mlp.up_proj])[0])
             t[6].copy_(_effective_weight(mlp.down_proj, self.adapter)[0])
+
+
+class StackedWeights:
+    """A seed cohort's adapters over the base weights, unmerged: one decode batch serves them all.
+
+    Per layer the layout of ``FusedWeights``, each fused matrix a triple ``(W, A, B)``: ``W`` the base
+    copy's own tensor (shared, not copied), ``A`` (S, r', in) and ``B`` (S, out, r') the S adapters'
+    LoRA matrices for that fused matrix (q/k/v's and gate/up's side by side in ``A``, block-diagonal in
+    ``B``, the scaling folded into ``B``). ``qwen2._linear`` applies a triple to rows in S equal groups,
+    group ``s`` on ``adapters[s]``. ``refresh(adapter)`` rewrites one adapter's slices in place.
+    """
+
+    FUSED = {1: ("q_proj", "k_proj", "v_proj"), 3: ("o_proj",), 5: ("gate_proj", "up_proj"), 6: ("down_proj",)}
+
+    def __init__(self, model, base: FusedWeights, adapters: tuple[str, ...]):
+        self.model, self.adapters, self.adapter = model, adapters, adapters  # ``adapter``: the set's key
+        self.arch, self.inv_freq, self.rope_scale = base.arch, base.inv_freq, base.rope_scale
+        self.tensors = list(base.tensors)
+        layers = _base_model(model).model.layers
+        with torch.no_grad():
+            for i, layer in enumerate(layers):
+                for slot, names in self.FUSED.items():
+                    w = base.tensors[7 * i + slot]
+                    linears = [self._linear_of(layer, n) for n in names]
+                    rank = max(
+                        (lin.lora_A[a].weight.size(0) for lin in linears for a in adapters if _has(lin, a)), default=1
+                    )
+                    a = w.new_zeros(len(adapters), rank * len(linears), w.size(1))
+                    b = w.new_zeros(len(adapters), w.size(0), rank * len(linears))
+                    self.tensors[7 * i + slot] = (w, a, b)
+        self.refresh()
+
+    @staticmethod
+    def _linear_of(layer, name: str):
+        return getattr(layer.self_attn if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else layer.mlp, name)
+
+    @torch.no_grad()
+    def refresh(self, adapter: str | None = None) -> None:
+        """Copy the adapters' current LoRA matrices into the stacks (``adapter``: only that one's)."""
+        for i, layer in enumerate(_base_model(self.model).model.layers):
+            for slot, names in self.FUSED.items():
+                _, a_stack, b_stack = self.tensors[7 * i + slot]
+                rank = a_stack.size(1) // len(names)
+                for s, name in enumerate(self.adapters):
+                    if adapter not in (None, name):
+                        continue
+                    row = 0  # the fused matrix's output rows of each projection
+                    for j, lin in enumerate(self._linear_of(layer, n) for n in names):
+                        out = lin.base_layer.weight.size(0) if hasattr(lin, "base_layer") else lin.weight.size(0)
+                        if _has(lin, name):
+                            if lin.use_dora.get(name, False):
+                                raise ValueError(
+                                    "the fast engine does not merge DoRA adapters: set train.engine and eval.engine to loop"
+                                )
+                            a = lin.lora_A[name].weight
+                            r = a.size(0)
+                            a_stack[s, j * rank : j * rank + r].copy_(a)
+                            b_stack[s, row : row + out, j * rank : j * rank + r].copy_(
+                                lin.lora_B[name].weight.float() * lin.scaling[name]
+                            )
+                        row += out
+
+
+def _has(linear, adapter: str) -> bool:
+    return hasattr(linear, "lora_A") and adapter in linear.lora_A
