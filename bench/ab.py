@@ -7,6 +7,7 @@ prompts, 256 new tokens), switching one thing on and off, and writes ``EXPERIMEN
     python bench/ab.py two-sets --out results/ab            # 16 adapter + 16 base rows: together vs one by one (h3)
     python bench/ab.py attention-splits --out results/ab    # split-KV programs per SM (h1)
     python bench/ab.py cohort-lora --out results/ab         # a seed cohort's decode projections: per-row LoRA
+    python bench/ab.py cohort-decode --out results/ab       # a cohort's turn: a batch per adapter vs one stacked
     python bench/ab.py eval-sampler --out results/ab        # eval's top-k/top-p: Triton kernels vs torch's rule
 """
 
@@ -189,6 +190,37 @@ def _cohort_case(seeds: int, rows: int = 32) -> dict:
     return res
 
 
+def cohort_decode(model, tok) -> dict:
+    """A seed cohort's turn through the engine: three adapters' 32 rows each (512-token prompts, 256 new
+    tokens), as one batch per adapter's merged copy on its own stream, and as one stacked batch over the
+    base weights; beside one adapter's 32 rows (a lone run's turn) and 96 rows of one merged copy (the
+    ideal: one weight read, no per-row LoRA). Prefill and decode seconds of a turn, medians of three."""
+    names = [True] + [speed.add_adapter(model, f"seed{k}", 32, k, 0.01) for k in (1, 2)]
+    cases = [
+        ("one adapter, 32 rows", [True] * 32, False),
+        ("one adapter, 96 rows", [True] * 96, False),
+        ("3 adapters x 32 rows, a batch each (streams)", [n for n in names for _ in range(32)], False),
+        ("3 adapters x 32 rows, stacked", [n for n in names for _ in range(32)], True),
+    ]
+    prompts, res = speed._prompts(tok, 96, 512, seed=96), {}
+    for name, on, stack in cases:
+        gen = FastGenerator(model, tok, stack_adapters=stack)
+        gen.generate(prompts[: len(on)], on, TURN)  # compile and capture
+        split = {"prefill_s": [], "decode_s": []}
+        for _ in range(3):
+            gen.timing = {k: 0 * v for k, v in gen.timing.items()}
+            torch.manual_seed(0)
+            gen.generate(prompts[: len(on)], on, TURN)
+            for k in split:
+                split[k].append(gen.timing[k])
+        res[name] = {k: round(sorted(v)[1], 3) for k, v in split.items()}
+        res[name]["ms_per_step"] = round(1000 * res[name]["decode_s"] / (TURN.max_new_tokens - 1), 3)
+        print(name, res[name], flush=True)
+        del gen
+        torch.cuda.empty_cache()
+    return res
+
+
 def eval_sampler(model, tok) -> dict:
     """Eval's sampling (T 0.7, top-k 20, top-p 0.8): the sampler alone and a decode step, kernels against torch."""
     ev = Sampling(max_new_tokens=256, **speed.EVAL_SAMPLING)
@@ -226,6 +258,7 @@ EXPERIMENTS = {
     "two-sets": two_sets,
     "attention-splits": attention_splits,
     "cohort-lora": cohort_lora,
+    "cohort-decode": cohort_decode,
 }
 
 

@@ -28,16 +28,23 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``; for a cohort's stacked weights ``(W, A, B)`` (``weights.StackedWeights``) the base
-    product over every row plus each row group's own LoRA product: rows come in ``S`` equal groups,
-    group ``s`` on adapter ``s`` (``A``: (S, r, in), ``B``: (S, out, r) with the scaling folded in), so
-    the base weights are read once for all the adapters' rows and the LoRA products are two batched ones."""
+    """``F.linear``; for a cohort's stacked weights ``(W⊕A, Bᵀ)`` (``weights.StackedWeights``) the base
+    product over every row plus each row group's own LoRA product. Rows come in ``S`` equal groups,
+    group ``s`` on adapter ``s``. ``W⊕A`` is the base matrix with every adapter's ``A`` (r rows each)
+    below it, so one product reads the base weights once for all the adapters' rows and gives every
+    row's ``A`` products beside (each row keeps its own group's, a strided view); ``Bᵀ`` (S, r, out),
+    the scaling folded in, then adds each group's LoRA into its base product (one ``baddbmm``). Two
+    launches a projection where three or four small ones cost ~1.2 ms a decode step at 96 rows (H100).
+    """
     if not isinstance(w, tuple):
         return F.linear(x, w, b)
-    w, a, bb = w
-    out = F.linear(x, w, b)
-    h = x.reshape(a.size(0), -1, x.size(-1))  # (S, rows of a group x positions, in)
-    return out + torch.bmm(torch.bmm(h, a.transpose(1, 2)), bb.transpose(1, 2)).view(out.shape)
+    wa, b_t = w
+    groups, rank, out = b_t.shape
+    y = F.linear(x, wa, b).reshape(groups, -1, out + groups * rank)  # (S, n, out + S·r)
+    # group s's rows under adapter s: columns out + s·r ... out + (s + 1)·r, as views (the diagonal of
+    # groups by adapters)
+    u = y[..., out:].unflatten(-1, (groups, rank)).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+    return torch.baddbmm(y[..., :out], u, b_t).view(*x.shape[:-1], out)
 
 
 def _rope_tables(inv_freq, scale, positions, dtype):

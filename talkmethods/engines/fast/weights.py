@@ -124,11 +124,12 @@ class FusedWeights:
 class StackedWeights:
     """A seed cohort's adapters over the base weights, unmerged: one decode batch serves them all.
 
-    Per layer the layout of ``FusedWeights``, each fused matrix a triple ``(W, A, B)``: ``W`` the base
-    copy's own tensor (shared, not copied), ``A`` (S, r', in) and ``B`` (S, out, r') the S adapters'
-    LoRA matrices for that fused matrix (q/k/v's and gate/up's side by side in ``A``, block-diagonal in
-    ``B``, the scaling folded into ``B``). ``qwen2._linear`` applies a triple to rows in S equal groups,
-    group ``s`` on ``adapters[s]``. ``refresh(adapter)`` rewrites one adapter's slices in place.
+    Per layer the layout of ``FusedWeights``, each fused matrix a pair ``(W⊕A, Bᵀ)``: the base copy's
+    matrix with the S adapters' ``A`` for it stacked below (q/k/v's and gate/up's side by side, r' rows
+    an adapter), and ``Bᵀ`` (S, r', out) the adapters' ``B``, transposed for the batched product,
+    block-diagonal where the matrix fuses several projections, the scaling folded in; the fused q/k/v
+    bias gets zeros for the ``A`` rows. ``qwen2._linear`` applies a pair to rows in S equal groups,
+    group ``s`` on ``adapters[s]``. ``refresh(adapter)`` rewrites one adapter's rows and slices in place.
     """
 
     FUSED = {1: ("q_proj", "k_proj", "v_proj"), 3: ("o_proj",), 5: ("gate_proj", "up_proj"), 6: ("down_proj",)}
@@ -143,12 +144,14 @@ class StackedWeights:
                 for slot, names in self.FUSED.items():
                     w = base.tensors[7 * i + slot]
                     linears = [self._linear_of(layer, n) for n in names]
-                    rank = max(
+                    rank = len(linears) * max(
                         (lin.lora_A[a].weight.size(0) for lin in linears for a in adapters if _has(lin, a)), default=1
                     )
-                    a = w.new_zeros(len(adapters), rank * len(linears), w.size(1))
-                    b = w.new_zeros(len(adapters), w.size(0), rank * len(linears))
-                    self.tensors[7 * i + slot] = (w, a, b)
+                    wa = torch.cat([w, w.new_zeros(len(adapters) * rank, w.size(1))])
+                    self.tensors[7 * i + slot] = (wa, w.new_zeros(len(adapters), rank, w.size(0)))
+                    if slot == 1:  # the q/k/v bias, zero on the A rows
+                        bias = base.tensors[7 * i + 2]
+                        self.tensors[7 * i + 2] = torch.cat([bias, bias.new_zeros(len(adapters) * rank)])
         self.refresh()
 
     @staticmethod
@@ -157,17 +160,18 @@ class StackedWeights:
 
     @torch.no_grad()
     def refresh(self, adapter: str | None = None) -> None:
-        """Copy the adapters' current LoRA matrices into the stacks (``adapter``: only that one's)."""
+        """Copy the adapters' current LoRA matrices into place (``adapter``: only that one's)."""
         for i, layer in enumerate(_base_model(self.model).model.layers):
             for slot, names in self.FUSED.items():
-                _, a_stack, b_stack = self.tensors[7 * i + slot]
-                rank = a_stack.size(1) // len(names)
+                wa, b_t = self.tensors[7 * i + slot]
+                out, rank = b_t.size(2), b_t.size(1)
+                each = rank // len(names)
                 for s, name in enumerate(self.adapters):
                     if adapter not in (None, name):
                         continue
                     row = 0  # the fused matrix's output rows of each projection
                     for j, lin in enumerate(self._linear_of(layer, n) for n in names):
-                        out = lin.base_layer.weight.size(0) if hasattr(lin, "base_layer") else lin.weight.size(0)
+                        size = lin.base_layer.weight.size(0) if hasattr(lin, "base_layer") else lin.weight.size(0)
                         if _has(lin, name):
                             if lin.use_dora.get(name, False):
                                 raise ValueError(
@@ -175,11 +179,12 @@ class StackedWeights:
                                 )
                             a = lin.lora_A[name].weight
                             r = a.size(0)
-                            a_stack[s, j * rank : j * rank + r].copy_(a)
-                            b_stack[s, row : row + out, j * rank : j * rank + r].copy_(
-                                lin.lora_B[name].weight.float() * lin.scaling[name]
+                            first = out + s * rank + j * each
+                            wa[first : first + r].copy_(a)
+                            b_t[s, j * each : j * each + r, row : row + size].copy_(
+                                (lin.lora_B[name].weight.float() * lin.scaling[name]).T
                             )
-                        row += out
+                        row += size
 
 
 def _has(linear, adapter: str) -> bool:
