@@ -299,6 +299,43 @@ def test_peft_lora_supports_mixed_adapter_batches():
     assert "Cannot pass `adapter_names` when the model is in training mode." in s
 
 
+def test_trainer_saves_and_resumes_a_peft_model_s_adapters_by_sub_folder():
+    """A seed cohort's trainer (``training.cohort``) saves its own adapter only (``TalkTrainer._save`` hands
+    Trainer's ``self.model.save_pretrained`` call ``selected_adapters``); PEFT writes a non-default adapter
+    into a sub-folder named after it, and Trainer's resume loads each sub-folder into the adapter of that
+    name, trainable when it is the active one (``set_adapter`` of the seed whose thread resumes)."""
+    import transformers
+    from peft import PeftModel
+
+    assert "self.model.save_pretrained(output_dir, state_dict=state_dict" in src(transformers.Trainer._save), (
+        f"transformers=={TRANSFORMERS_PIN} pinned; Trainer._save no longer saves through self.model.save_pretrained"
+    )
+    load = src(transformers.Trainer._load_from_checkpoint)
+    assert "adapter_subdirs" in load and (
+        "model.load_adapter(peft_id, subdir_name, is_trainable=(subdir_name == active_adapter))" in load
+    ), f"transformers=={TRANSFORMERS_PIN} pinned; resuming no longer loads adapters from sub-folders by name"
+    save = src(PeftModel.save_pretrained)
+    assert "selected_adapters" in save and (
+        'os.path.join(save_directory, adapter_name) if adapter_name != "default" else save_directory' in save
+    ), f"peft=={PEFT_PIN} pinned; a named adapter is no longer saved in its own sub-folder"
+
+
+def test_peft_set_adapter_leaves_only_that_adapter_trainable():
+    """A cohort's optimizer is built from the parameters that require grad when its seed holds the turn."""
+    from peft import LoraConfig, get_peft_model
+
+    from talkmethods.models import ModelSpec, load_model
+
+    cfg = LoraConfig(r=4, target_modules=["q_proj"])
+    model = get_peft_model(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32), cfg, adapter_name="seed17")
+    model.add_adapter("seed18", cfg)
+    for active, other in (("seed18", "seed17"), ("seed17", "seed18")):
+        model.set_adapter(active)
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert trainable and all(f".{active}." in n for n in trainable), trainable
+        assert any(f".{other}." in n for n, _ in model.named_parameters())
+
+
 def test_peft_lora_linear_forward_is_the_sum_fuse_lora_adds_fuses():
     """``patches.fuse_lora_adds`` replaces PEFT's vanilla LoRA branch per layer and reads the layer's internals."""
     from peft import LoraConfig, get_peft_model

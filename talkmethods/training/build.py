@@ -46,16 +46,21 @@ def build_trainer(
     judge=judge_by_gold,
     callbacks=(),
     generator_factory=PlainGenerator,
+    peft_model=None,
+    adapter: str | None = None,
 ) -> TalkTrainer:
-    """A ready TalkTrainer for ``cfg`` on ``problems``, TRL/PEFT patches applied; checkpoints go to ``work_dir``."""
+    """A ready TalkTrainer for ``cfg`` on ``problems``, TRL/PEFT patches applied; checkpoints go to ``work_dir``.
+
+    ``peft_model`` and ``adapter``: a seed cohort's shared model and this seed's adapter in it
+    (``training.cohort``); the cohort applies the patches once, for all its trainers.
+    """
     from datasets import Dataset
-    from peft import LoraConfig
 
     if cfg.arm not in CREDIT_RULES:
         raise ValueError(f"arm={cfg.arm!r} is not one of {sorted(CREDIT_RULES)}")
     device, dtype = pick_device_and_dtype(cfg.precision)
     tokenizer = load_tokenizer(cfg.model)
-    model = load_model(cfg.model, dtype, device)
+    model = load_model(cfg.model, dtype, device) if peft_model is None else peft_model
     n_rows = cfg.problems_per_step * cfg.chats_per_problem
     if n_rows % cfg.micro_batches:
         raise ValueError(
@@ -90,13 +95,6 @@ def build_trainer(
         disable_tqdm=False,
         shuffle_dataset=True,
     )
-    lora = LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=list(LORA_TARGETS),
-        task_type="CAUSAL_LM",
-    )
     dataset = Dataset.from_list([{**p, "prompt": p["shared_question"]} for p in problems])
     trainer = TalkTrainer(
         model=model,
@@ -104,7 +102,7 @@ def build_trainer(
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora,
+        peft_config=lora_config(cfg) if peft_model is None else None,
         arm=cfg.arm,
         sampling=cfg.sampling,
         ada_max_replays=cfg.ada_max_replays,
@@ -116,8 +114,23 @@ def build_trainer(
     )
     # the PEFT-wrapped model TRL built; Liger's kernels are Triton GPU kernels: a CPU run stays eager
     trainer.liger = cfg.liger_kernels and device.type == "cuda"
-    trainer.lora_layers_fused = apply_patches(trainer.model, liger=trainer.liger)
+    trainer.adapter_name = adapter
+    if peft_model is None:
+        trainer.lora_layers_fused = apply_patches(trainer.model, liger=trainer.liger)
     return trainer
+
+
+def lora_config(cfg: TrainConfig):
+    """The run's LoRA adapter (PEFT's ``LoraConfig``)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(LORA_TARGETS),
+        task_type="CAUSAL_LM",
+    )
 
 
 def train_run(cfg: TrainConfig, problems: list[dict], adapter_dir: Path, log_path: Path, work_dir: Path) -> dict:

@@ -8,6 +8,7 @@ TrainConfig.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -85,6 +86,8 @@ class TalkTrainer(GRPOTrainer):
         self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
         self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
         self.lora_layers_fused = 0  # set by build.build_trainer (patches.apply_patches)
+        self.cohort = None  # a seed cohort's rendezvous (``training.cohort``), set with ``adapter_name``
+        self.adapter_name: str | None = None  # this seed's adapter in a cohort's shared model
 
     def _get_train_sampler(self, dataset=None):
         """TRL's RepeatSampler, resumable past the first epoch (see ``patches.replayable``)."""
@@ -95,16 +98,22 @@ class TalkTrainer(GRPOTrainer):
         return seat_plan(n, self.num_generations, self.plan.base_b_per_4)
 
     def _draw_chats(self, problems: list[dict]) -> tuple[list[list[Chat]], dict]:
-        if self._generator is None:  # one engine per run: its compiled graphs and buffers are reused
-            self._generator = self.generator_factory(self.accelerator.unwrap_model(self.model), self.processing_class)
+        if self._generator is None:  # one engine per run (a cohort: its own): its graphs and buffers are reused
+            self._generator = (
+                self.cohort.generator
+                if self.cohort is not None
+                else self.generator_factory(self.accelerator.unwrap_model(self.model), self.processing_class)
+            )
         generator = self._generator
-        generator.sync_weights()  # the policy after the last optimizer step
+        generator.sync_weights(self.adapter_name)  # the policy after the last optimizer step
+        # a cohort's seeds play their chats together (one engine call), each on its own adapter
+        play = play_chats if self.cohort is None else self.cohort.chats_of(self.adapter_name)
         g = self.num_generations
         totals = {"gen_s": 0.0, "longest_prompt": 0, "completion_tokens": 0, "turns": 0, "chats_generated": 0}
 
         def draw(indices: list[int]) -> list[list[Chat]]:
             flat = [problems[i] for i in indices for _ in range(g)]
-            chats, stats = play_chats(
+            chats, stats = play(
                 generator, self.processing_class, flat, self._seats(len(flat)), self.sampling, self.judge
             )
             for k, v in stats.items():
@@ -155,6 +164,21 @@ class TalkTrainer(GRPOTrainer):
         m["talk/longest_prompt"].append(float(stats["longest_prompt"]))
         m["timing/gen_s"].append(stats["gen_s"])
         return batch
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Trainer's save; a cohort's trainer saves its own adapter only (PEFT's sub-folder named after it),
+        so that resuming loads that adapter alone (Trainer's ``_load_from_checkpoint`` reads the sub-folders).
+        Contract: tests/test_trl_contract.py::test_trainer_saves_and_resumes_a_peft_model_s_adapters_by_sub_folder."""
+        if self.adapter_name is None:
+            return super()._save(output_dir, state_dict)
+        model = self.model
+        model.save_pretrained = functools.partial(
+            type(model).save_pretrained, model, selected_adapters=[self.adapter_name]
+        )
+        try:
+            return super()._save(output_dir, state_dict)
+        finally:
+            del model.save_pretrained
 
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering, with the fresh generation batch re-split by length (``group_by_length``)."""
