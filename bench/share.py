@@ -58,6 +58,8 @@ ROLLOUT = "rollout"
 # over the base weights with the adapters' LoRA as batched products (cohort-stacked); an event is three
 # seeds' rollouts. Values: (seeds, stacked)
 ROLLOUTS = {ROLLOUT: (1, False), "cohort-rollout": (3, False), "cohort-stacked": (3, True)}
+# an arm's three seeds trained as one cohort (train.cohort): an event is a step of all three
+COHORTS = {f"cohort-{arm}": arm for arm in ARMS}
 _PROFILE = None  # a worker's cProfile of its building (--profile-build)
 
 
@@ -239,7 +241,7 @@ def worker(args) -> None:
         problems, _ = speed.bench_problems()  # the speed bench's own
         bench_args = argparse.Namespace(**_bench_sizes(args))
         steps = args.steps + bool(args.idle_profile) if deadline is None else 10_000  # the deadline ends it
-        cfg = speed._train_config(args.job, spec, bench_args, steps=steps)
+        cfg = speed._train_config(COHORTS.get(args.job, args.job), spec, bench_args, steps=steps)
         holder: dict = {}
 
         def streams():
@@ -262,14 +264,45 @@ def worker(args) -> None:
                     else:
                         control.should_training_stop = True
 
+        class CohortStepEnds(TrainerCallback):
+            """A cohort's event: its last seed's step end (the three seeds' steps done); all stop together."""
+
+            def __init__(self, last: bool):
+                self.last = last
+
+            def on_step_end(self, _args, state, control, **k):
+                if self.last and not holder.get("stop"):
+                    event()
+                    done = _past(deadline) if deadline is not None else len(ends) >= args.steps
+                    holder["stop"] = done and len(ends) > WARMUP["train"]
+                control.should_training_stop = bool(holder.get("stop"))
+
         work = Path(tempfile.mkdtemp(prefix="talkmethods-share-"))
-        trainer = holder["trainer"] = build_trainer(
-            cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"]
-        )
-        t_built = time.time()
-        _end_profile(args)
-        trainer.train()
-        liger, micro_batches = trainer.liger, cfg.micro_batches
+        if args.job in COHORTS:  # the three seeds in this process: train_cohort, its outputs in the scratch dir
+            from dataclasses import replace
+
+            from talkmethods.training.cohort import train_cohort
+
+            seeds = (17, 18, 19)
+            t_built = time.time()  # the cohort builds inside train_cohort: its building counts in the first event
+            _end_profile(args)
+            train_cohort(
+                [replace(cfg, seed=s) for s in seeds],
+                problems,
+                [work / f"seed{s}" / "adapter" for s in seeds],
+                [work / f"seed{s}" / "train_log.jsonl" for s in seeds],
+                [work / "ckpt" / f"seed{s}" for s in seeds],
+                callbacks=[[CohortStepEnds(s == seeds[-1])] for s in seeds],
+            )
+            liger, micro_batches = cfg.liger_kernels and cuda, cfg.micro_batches  # --idle-profile: lone runs only
+        else:
+            trainer = holder["trainer"] = build_trainer(
+                cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"]
+            )
+            t_built = time.time()
+            _end_profile(args)
+            trainer.train()
+            liger, micro_batches = trainer.liger, cfg.micro_batches
         idle = holder.get("idle")
         shutil.rmtree(work, ignore_errors=True)
     if args.profile_events:  # a deadline that came before N events: the events profiled so far
@@ -528,10 +561,10 @@ def parse_plan(plan: str, arm: str) -> list[tuple[list[str], bool]]:
             jobs = [arm] * int(body.rstrip("m"))
         else:
             jobs = body.split("+")
-        bad = [j for j in jobs if j not in (*ARMS, *EVALS, *ROLLOUTS)]
+        bad = [j for j in jobs if j not in (*ARMS, *EVALS, *ROLLOUTS, *COHORTS)]
         if bad or not jobs:
             raise ValueError(
-                f"plan item {item!r}: jobs are {', '.join((*ARMS, *EVALS, *ROLLOUTS))} (got {bad or 'none'})"
+                f"plan item {item!r}: jobs are {', '.join((*ARMS, *EVALS, *ROLLOUTS, *COHORTS))} (got {bad or 'none'})"
             )
         configs.append((jobs, mps))
     return configs

@@ -143,11 +143,11 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     res = _share(
         tmp_path,
         "--plan",
-        "1,eval,raft+eval,2m,grpo,eval-eager,rollout,cohort-rollout,cohort-stacked",
+        "1,eval,raft+eval,2m,grpo,eval-eager,rollout,cohort-rollout,cohort-stacked,cohort-raft",
         "--profile-events",
         "9",
     )
-    one, ev, mix, mps, second, eager, rollout, cohort, stacked = res["rows"]
+    one, ev, mix, mps, second, eager, rollout, cohort, stacked, trio = res["rows"]
     assert [r["jobs"] for r in res["rows"]] == [
         ["grpo"],
         ["eval"],
@@ -158,11 +158,13 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         ["rollout"],
         ["cohort-rollout"],
         ["cohort-stacked"],
+        ["cohort-raft"],
     ]
     assert eager["events"] == [2] and eager["work"] == 1.0  # an eval kind of its own (the same on a CPU)
     assert rollout["events"] == [3] and rollout["interval_s"][0] > 0  # a step's chats, no step: --steps of them
     for row in (cohort, stacked):  # three seeds' chats an event
         assert row["events"] == [3] and row["interval_s"][0] > 0
+    assert trio["events"] == [3] and trio["interval_s"][0] > 0 and trio["steps_per_s"] > 0  # a step of three seeds
     # --profile-events past the job's end: the events profiled until then
     assert "training_step" in (tmp_path / "plain_grpo_0.events.txt").read_text()
     assert "play_chats" in (tmp_path / "plain_rollout_0.events.txt").read_text()
@@ -188,6 +190,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         "rollout",
         "cohort-rollout",
         "cohort-stacked",
+        "cohort-raft",
     }
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]

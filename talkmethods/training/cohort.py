@@ -167,13 +167,15 @@ def train_cohort(
     log_paths: list[Path],
     work_dirs: list[Path],
     judge=judge_by_gold,
+    callbacks: list[list] | None = None,
 ) -> list[dict]:
     """Train an arm's seeds (``cfgs``, alike but for the seed) as one cohort in this process.
 
     Each seed writes what its lone run (``build.train_run``) writes: its adapter (as PEFT's single
     ``default`` adapter) and step log, atomically at its end, and resumable checkpoints of its own
     adapter in its ``work_dir``, which a restarted cohort resumes from (a lone run's are not taken up,
-    nor a cohort's by a lone run: the run key says which).
+    nor a cohort's by a lone run: the run key says which). ``callbacks``: more Trainer callbacks, a
+    list a seed (the benches').
     """
     from dataclasses import replace
 
@@ -200,7 +202,7 @@ def train_cohort(
         else:
             model.add_adapter(name, lora_config(cfg))
     starts, trainers = [], []
-    for cfg, name, work_dir in zip(cfgs, names, work_dirs, strict=True):
+    for i, (cfg, name, work_dir) in enumerate(zip(cfgs, names, work_dirs, strict=True)):
         work_dir.mkdir(parents=True, exist_ok=True)
         last = last_checkpoint(work_dir, {**run_key(cfg, problems), "cohort": names})
         starts.append((last, checkpoint_step(last) if last else 0))
@@ -212,7 +214,7 @@ def train_cohort(
                 problems,
                 work_dir,
                 judge=judge,
-                callbacks=[StepLog(work_dir / "train_log.jsonl")],
+                callbacks=[StepLog(work_dir / "train_log.jsonl"), *(callbacks[i] if callbacks else [])],
                 peft_model=model,
                 adapter=name,
             )
