@@ -443,7 +443,7 @@ def _recipe_lines(recipe: dict, cpu: bool = False) -> list[str]:
     def show(v):
         return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
-    lines, done = [], {"liger_kernels"}  # a GPU-only switch: said below as what these runs did
+    lines, done = [], {"liger_kernels", "cohort"}  # said below in words
     for key, label in RECIPE_LABELS:
         if key in recipe:
             lines.append(f"- {label}: {show(recipe[key])}")
@@ -458,6 +458,13 @@ def _recipe_lines(recipe: dict, cpu: bool = False) -> list[str]:
             else "yes"
         )
         lines.append(f"- Liger kernels (RMSNorm, SwiGLU, RoPE) in the training forward: {did}")
+    if "cohort" in recipe:  # how the seeds trained: a cohort's seed is not bitwise its lone run
+        lines.append(
+            "- Seeds trained: an arm's seeds as one cohort (one process, their chats decoded as one batch, "
+            "each seed its own adapter, optimizer and data order; train.cohort)"
+            if recipe["cohort"]
+            else "- Seeds trained: each seed its own run"
+        )
     if recipe.get("loss_type") == "dapo":
         lines.append(DAPO_NOTE)
     return lines

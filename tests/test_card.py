@@ -453,3 +453,15 @@ def test_recipe_says_whether_the_runs_used_liger_kernels_not_only_the_switch(sum
     assert liger_lines(summary, recipe={"liger_kernels": False}) == [
         "- Liger kernels (RMSNorm, SwiGLU, RoPE) in the training forward: no (train.liger_kernels: false)"
     ]
+
+
+def test_recipe_says_whether_the_seeds_trained_as_a_cohort(summary_and_root):
+    """train.cohort: a cohort's seed is not bitwise its lone run; the card says which mode trained the rows."""
+    summary, _ = summary_and_root
+
+    def seed_lines(cohort: bool):
+        recipe = _section(render_card(summary, dict(META, recipe={"cohort": cohort}), summary["checks"]), "Recipe")
+        return [line for line in recipe.splitlines() if line.startswith("- Seeds trained")]
+
+    assert seed_lines(False) == ["- Seeds trained: each seed its own run"]
+    assert len(seed_lines(True)) == 1 and "one cohort" in seed_lines(True)[0]
