@@ -1,4 +1,4 @@
-if config["train"].get("cohort", False):
+if config["train"]["cohort"]:
 
     # An arm's seeds as one job (train.cohort): their chats decode as one batch, each seed's outputs as
     # a run's. A target of one seed (results/raft/seed17/eval.json) then trains all of the arm's seeds.
