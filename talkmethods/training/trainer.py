@@ -105,7 +105,8 @@ class TalkTrainer(GRPOTrainer):
                 else self.generator_factory(self.accelerator.unwrap_model(self.model), self.processing_class)
             )
         generator = self._generator
-        generator.sync_weights(self.adapter_name)  # the policy after the last optimizer step
+        # the policy after the last optimizer step (a cohort's seed: its own adapter's)
+        generator.sync_weights() if self.cohort is None else generator.sync_weights(self.adapter_name)
         # a cohort's seeds play their chats together (one engine call), each on its own adapter
         play = play_chats if self.cohort is None else self.cohort.chats_of(self.adapter_name)
         g = self.num_generations
