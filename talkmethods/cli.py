@@ -3,6 +3,7 @@
     python -m talkmethods split    --config config.yaml [--config offline.yaml] [--results results]
     python -m talkmethods warmstart --config ...   (configs with model.warmstart)
     python -m talkmethods train    --config ... --arm raft --seed 17
+    python -m talkmethods train    --config config.yaml --config cohort.yaml --arm raft   # the arm's seeds as one cohort
     python -m talkmethods eval     --config ... --kind eval|crossplay|crossplay_bA|base|all [--arm --seed]
                                    (all: the run's three kinds in one process, as eval.one_job_per_run)
     python -m talkmethods selftest [--out results/selftest.json]
@@ -76,11 +77,27 @@ def _run(args) -> int:
         return 0
     warm = "run `python -m talkmethods warmstart` with the same --config and --results first"
     if args.stage == "train":
-        _need(args, "arm", "seed")
-        run = r / args.arm / f"seed{args.seed}"
+        cohort = cfg["train"]["cohort"]
+        _need(args, "arm", *([] if cohort else ["seed"]))
+        if cohort and args.seed is not None:
+            raise C.ConfigError("train.cohort: true trains every seed of the arm as one cohort: leave --seed out")
         _exists(r / "data/train.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
         if cfg["model"]["warmstart"]:
             _exists(r / C.WARMSTART_MODEL, warm)
+        ckpt = Path(cfg["checkpoint_dir"]) / args.arm
+        if cohort:  # an arm's seeds in one process (training.cohort)
+            from talkmethods.training.cohort import train_cohort_stage
+
+            seeds = cfg["seeds"]
+            train_cohort_stage(
+                [C.train_params(cfg, args.arm, s, str(r)) for s in seeds],
+                r / "data/train.jsonl",
+                [r / args.arm / f"seed{s}" / "adapter" for s in seeds],
+                [r / args.arm / f"seed{s}" / "train_log.jsonl" for s in seeds],
+                [ckpt / f"seed{s}" for s in seeds],
+            )
+            return 0
+        run = r / args.arm / f"seed{args.seed}"
         from talkmethods.training.build import train_stage
 
         train_stage(
@@ -88,7 +105,7 @@ def _run(args) -> int:
             r / "data/train.jsonl",
             run / "adapter",
             run / "train_log.jsonl",
-            Path(cfg["checkpoint_dir"]) / args.arm / f"seed{args.seed}",
+            ckpt / f"seed{args.seed}",
         )
         return 0
     _exists(r / "data/heldout.jsonl", "run `python -m talkmethods split` with the same --config and --results first")

@@ -239,6 +239,18 @@ def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch
             "and --results first",
         ),
     ]
+    cohort = [*cfg, "--config", str(REPO / "cohort.yaml")]
+    cases += [
+        (
+            ["train", *cohort, "--arm", "grpo", "--seed", "17"],
+            "error: train.cohort: true trains every seed of the arm as one cohort: leave --seed out",
+        ),
+        (
+            ["train", *cohort, "--arm", "grpo"],
+            "error: results/data/train.jsonl: not found; run `python -m talkmethods split` with the same --config "
+            "and --results first",
+        ),
+    ]
     (tmp_path / "results/data").mkdir(parents=True)
     (tmp_path / "results/data/heldout.jsonl").write_text("{}\n")
     no_warm = (
