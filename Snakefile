@@ -8,7 +8,21 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/warmstart.smk"
-include: "rules/train.smk"
+
+
+# train.cohort: an arm's seeds as one job (its chats decoded as one batch) instead of a job a seed
+
+
+if config["train"]["cohort"]:
+
+    include: "rules/train_cohort.smk"
+
+else:
+
+    include: "rules/train.smk"
+
+
+include: "rules/arms.smk"
 include: "rules/eval.smk"
 include: "rules/card.smk"
 include: "rules/bench.smk"

@@ -1,66 +1,22 @@
-if config["train"]["cohort"]:
-
-    # An arm's seeds as one job (train.cohort): their chats decode as one batch, each seed's outputs as
-    # a run's. A target of one seed (results/raft/seed17/eval.json) then trains all of the arm's seeds.
-    rule train_cohort:
-        input:
-            problems="results/data/train.jsonl",
-            base=BASE_MODEL,
-            src=code_inputs("train_cohort.py"),
-        output:
-            adapters=[directory(f"results/{{arm}}/seed{s}/adapter") for s in SEEDS],
-            logs=[f"results/{{arm}}/seed{s}/train_log.jsonl" for s in SEEDS],
-        log:
-            "results/logs/train/{arm}_cohort.log",
-        benchmark:
-            "results/benchmarks/train/{arm}_cohort.tsv"
-        conda:
-            "../envs/talkmethods.yaml"
-        threads: 2
-        resources:
-            gpu=1,
-        params:
-            train=lambda wc: [tm_config.train_params(config, wc.arm, s) for s in SEEDS],
-            work_dirs=lambda wc: [f"{CKPT}/{wc.arm}/seed{s}" for s in SEEDS],
-        script:
-            "../workflow_scripts/train_cohort.py"
-
-else:
-
-    rule train:
-        input:
-            problems="results/data/train.jsonl",
-            base=BASE_MODEL,
-            src=code_inputs("train.py"),
-        output:
-            adapter=directory("results/{arm}/seed{seed}/adapter"),
-            log="results/{arm}/seed{seed}/train_log.jsonl",
-        log:
-            "results/logs/train/{arm}_seed{seed}.log",
-        benchmark:
-            "results/benchmarks/train/{arm}_seed{seed}.tsv"
-        conda:
-            "../envs/talkmethods.yaml"
-        threads: 2
-        resources:
-            gpu=1,
-        params:
-            train=lambda wc: tm_config.train_params(config, wc.arm, wc.seed),
-            work_dir=lambda wc: f"{CKPT}/{wc.arm}/seed{wc.seed}",
-        script:
-            "../workflow_scripts/train.py"
-
-
-# One named target per arm: `snakemake -j1 arm_raft` trains and evaluates all of raft's seeds.
-for _arm in ARMS:
-
-    rule:
-        name:
-            f"arm_{_arm}"
-        input:
-            expand(
-                "results/{arm}/seed{seed}/{kind}.json",
-                arm=_arm,
-                seed=SEEDS,
-                kind=EVAL_KINDS,
-            ),
+rule train:
+    input:
+        problems="results/data/train.jsonl",
+        base=BASE_MODEL,
+        src=code_inputs("train.py"),
+    output:
+        adapter=directory("results/{arm}/seed{seed}/adapter"),
+        log="results/{arm}/seed{seed}/train_log.jsonl",
+    log:
+        "results/logs/train/{arm}_seed{seed}.log",
+    benchmark:
+        "results/benchmarks/train/{arm}_seed{seed}.tsv"
+    conda:
+        "../envs/talkmethods.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+    params:
+        train=lambda wc: tm_config.train_params(config, wc.arm, wc.seed),
+        work_dir=lambda wc: f"{CKPT}/{wc.arm}/seed{wc.seed}",
+    script:
+        "../workflow_scripts/train.py"
