@@ -20,17 +20,21 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GREEDY = Sampling(max_new_tokens=10, top_k=1)
 
 
-def _lora(model, targets=("q_proj", "v_proj", "down_proj"), seed=0):
-    """``model`` with a LoRA adapter whose B matrices are non-zero, so the adapter changes outputs."""
-    from peft import LoraConfig, get_peft_model
-
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(targets)))
+def _nonzero_b(model, seed: int):
+    """``model`` (eval mode) with every LoRA B matrix random, so each adapter changes outputs."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     return model.eval()
+
+
+def _lora(model, targets=("q_proj", "v_proj", "down_proj"), seed=0):
+    """``model`` with a LoRA adapter whose B matrices are non-zero, so the adapter changes outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    return _nonzero_b(get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(targets))), seed)
 
 
 @pytest.fixture(scope="module")
@@ -136,12 +140,7 @@ def _cohort(seeds=("seed17", "seed18", "seed19")):
     model = get_peft_model(load_model(ModelSpec("offline-tiny-qwen2"), torch.float32), cfg, adapter_name=seeds[0])
     for name in seeds[1:]:
         model.add_adapter(name, cfg)
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.eval()
+    return _nonzero_b(model, 3)
 
 
 def test_several_adapters_and_the_base_decode_in_one_call_as_each_alone(qwen_tokenizer):
