@@ -97,12 +97,17 @@ def _peft(model, r: int, seed: int = 0, b_scale: float = 0.0):
 
     model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
     if b_scale:
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_((torch.randn(p.shape, generator=g) * b_scale).to(p.dtype))
+        _random_b(model, "lora_B", seed, b_scale)
     return model.eval()
+
+
+def _random_b(model, prefix: str, seed: int, b_scale: float) -> None:
+    """Every LoRA B matrix whose name holds ``prefix`` drawn at random (``b_scale`` times a normal)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if prefix in name:
+                p.copy_((torch.randn(p.shape, generator=g) * b_scale).to(p.dtype))
 
 
 def add_adapter(model, name: str, r: int, seed: int, b_scale: float) -> str:
@@ -112,11 +117,7 @@ def add_adapter(model, name: str, r: int, seed: int, b_scale: float) -> str:
     from talkmethods.training.build import LORA_TARGETS
 
     model.add_adapter(name, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if f"lora_B.{name}." in n:
-                p.copy_((torch.randn(p.shape, generator=g) * b_scale).to(p.dtype))
+    _random_b(model, f"lora_B.{name}.", seed, b_scale)
     return name
 
 
