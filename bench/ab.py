@@ -20,12 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import talkmethods  # noqa: E402, F401  (its allocator default must precede torch's import)
+
+# isort: split
 import speed  # noqa: E402
+import torch  # noqa: E402
 
 from talkmethods.engines.fast import attention as da  # noqa: E402
 from talkmethods.engines.fast import sampler as ds  # noqa: E402

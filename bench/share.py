@@ -42,6 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import talkmethods  # noqa: E402, F401  (its allocator default: the workers inherit it, before torch)
+
 log = logging.getLogger("share")
 T_PROCESS = time.time()  # a worker's start, before torch and the project are imported
 # a job's first events pay compile, graph capture and the allocator's growth

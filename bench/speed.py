@@ -40,11 +40,14 @@ import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+import talkmethods  # noqa: E402, F401  (its allocator default must precede torch's import)
+
+# isort: split
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from talkmethods.atomic import write_json  # noqa: E402
 from talkmethods.engines import ENGINES  # noqa: E402

@@ -257,3 +257,70 @@ def test_jobs_per_gpu_refuses_a_bad_value(monkeypatch):
     monkeypatch.setenv("TALKMETHODS_JOBS_PER_GPU", "0")
     with pytest.raises(ValueError, match="TALKMETHODS_JOBS_PER_GPU"):
         jobs_per_gpu()
+
+
+# ---- the CUDA allocator's default (talkmethods/__init__.py) -------------------------------------
+
+# Runs a script as __main__ and prints PYTORCH_CUDA_ALLOC_CONF as it stood when torch was first imported:
+# torch may read the variable when it loads, so the default must be set before then.
+AT_TORCH_IMPORT = r"""
+import os, runpy, sys
+seen = {}
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and "torch" not in seen:
+            seen["torch"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        return None
+sys.meta_path.insert(0, Spy())
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+print("AT_TORCH_IMPORT", seen.get("torch", "never"))
+print("AT_EXIT", os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+"""
+
+
+def _clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _conf_at(script: Path, *args: str, when: str = "AT_TORCH_IMPORT", **extra) -> str:
+    res = subprocess.run(
+        [sys.executable, "-c", AT_TORCH_IMPORT, str(script), *args],
+        capture_output=True,
+        text=True,
+        env=_clean_env(**extra),
+        cwd=ROOT,
+        timeout=300,
+    )
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(when)]
+    assert lines, res.stderr[-2000:]
+    return lines[-1].split(" ", 1)[1]
+
+
+@pytest.mark.parametrize("script", ["bench/speed.py", "bench/ab.py", "training"])
+def test_expandable_segments_are_set_before_torch_loads(tmp_path, script):
+    """Every entry point imports the package (which sets the allocator default) before torch."""
+    if script == "training":  # what the workflow scripts and the CLI import: a stage's module
+        path = tmp_path / "stage.py"
+        path.write_text("import talkmethods.training.cohort\n")
+    else:
+        path = ROOT / script
+    assert _conf_at(path, "--help") == "expandable_segments:True"
+
+
+def test_the_sharing_bench_hands_the_allocator_default_to_its_workers():
+    """bench/share.py imports torch only in its workers, which inherit its environment."""
+    assert _conf_at(ROOT / "bench/share.py", "--help", when="AT_TORCH_IMPORT") == "never"
+    assert _conf_at(ROOT / "bench/share.py", "--help", when="AT_EXIT") == "expandable_segments:True"
+
+
+def test_a_users_own_allocator_setting_is_kept(tmp_path):
+    path = tmp_path / "stage.py"
+    path.write_text("import talkmethods.training.cohort\n")
+    assert _conf_at(path, PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:64") == "max_split_size_mb:64"
+    # torch's newer name counts as the user's choice too: ours is not added beside it
+    assert _conf_at(path, PYTORCH_ALLOC_CONF="expandable_segments:False") == "None"
