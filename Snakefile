@@ -10,16 +10,17 @@ include: "rules/data.smk"
 include: "rules/warmstart.smk"
 
 
-# train.cohort: an arm's seeds as one job (its chats decoded as one batch) instead of a job a seed
+# train.cohort: an arm's seeds as one job (their chats decoded as one batch) or a job a seed, arm by arm
 
 
-if config["train"]["cohort"]:
-
-    include: "rules/train_cohort.smk"
-
-else:
+if LONE_ARMS:
 
     include: "rules/train.smk"
+
+
+if COHORT_ARMS:
+
+    include: "rules/train_cohort.smk"
 
 
 include: "rules/arms.smk"

@@ -23,6 +23,9 @@ localrules:
 
 ARMS = config["arms"]
 SEEDS = config["seeds"]
+# train.cohort: the arms whose seeds train as one job (rule train_cohort); the rest a job a seed (rule train)
+COHORT_ARMS = tm_config.cohort_arms(config)
+LONE_ARMS = [a for a in ARMS if a not in COHORT_ARMS]
 EVAL_KINDS = list(tm_recipe.RUN_EVAL_KINDS)
 CKPT = config["checkpoint_dir"]
 

@@ -10,6 +10,8 @@ rule train:
         "results/logs/train/{arm}_seed{seed}.log",
     benchmark:
         "results/benchmarks/train/{arm}_seed{seed}.tsv"
+    wildcard_constraints:
+        arm="|".join(LONE_ARMS),
     conda:
         "../envs/talkmethods.yaml"
     threads: 2

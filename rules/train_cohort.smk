@@ -1,5 +1,5 @@
-# An arm's seeds as one job (train.cohort): their chats decode as one batch, each seed's outputs as
-# a run's. A target of one seed (results/raft/seed17/eval.json) then trains all of the arm's seeds.
+# An arm's seeds as one job (the arms train.cohort names): their chats decode as one batch, each seed's
+# outputs as a run's. A target of one seed (results/raft/seed17/eval.json) then trains all of the arm's seeds.
 rule train_cohort:
     input:
         problems="results/data/train.jsonl",
@@ -12,6 +12,8 @@ rule train_cohort:
         "results/logs/train/{arm}_cohort.log",
     benchmark:
         "results/benchmarks/train/{arm}_cohort.tsv"
+    wildcard_constraints:
+        arm="|".join(COHORT_ARMS),
     conda:
         "../envs/talkmethods.yaml"
     threads: 2

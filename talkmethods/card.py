@@ -459,15 +459,25 @@ def _recipe_lines(recipe: dict, cpu: bool = False) -> list[str]:
         )
         lines.append(f"- Liger kernels (RMSNorm, SwiGLU, RoPE) in the training forward: {did}")
     if "cohort" in recipe:  # how the seeds trained: a cohort's seed is not bitwise its lone run
-        lines.append(
-            "- Seeds trained: an arm's seeds as one cohort (one process, their chats decoded as one batch, "
-            "each seed its own adapter, optimizer and data order; train.cohort)"
-            if recipe["cohort"]
-            else "- Seeds trained: each seed its own run"
-        )
+        lines.append(_seeds_line(recipe["cohort"], recipe.get("arms", [])))
     if recipe.get("loss_type") == "dapo":
         lines.append(DAPO_NOTE)
     return lines
+
+
+def _seeds_line(cohort, arms) -> str:
+    """How the seeds trained: ``train.cohort`` is true (every arm), false, or a list of arms."""
+    how = (
+        "as one cohort (one process, their chats decoded as one batch, each seed its own adapter, optimizer "
+        "and data order; train.cohort)"
+    )
+    if cohort is True or cohort and set(arms) <= set(cohort):
+        return f"- Seeds trained: an arm's seeds {how}"
+    together = [a for a in arms if a in (cohort or [])]
+    if not together:
+        return "- Seeds trained: each seed its own run"
+    rest = [a for a in arms if a not in together]
+    return f"- Seeds trained: {', '.join(together)}: an arm's seeds {how}; {', '.join(rest)}: each seed its own run"
 
 
 # What TRL's dapo normaliser (the token sum divided by every scored token of the generation batch)

@@ -77,10 +77,11 @@ def _run(args) -> int:
         return 0
     warm = "run `python -m talkmethods warmstart` with the same --config and --results first"
     if args.stage == "train":
-        cohort = cfg["train"]["cohort"]
-        _need(args, "arm", *([] if cohort else ["seed"]))
+        _need(args, "arm")
+        cohort = args.arm in C.cohort_arms(cfg)
+        _need(args, *([] if cohort else ["seed"]))
         if cohort and args.seed is not None:
-            raise C.ConfigError("train.cohort: true trains every seed of the arm as one cohort: leave --seed out")
+            raise C.ConfigError(f"train.cohort trains every seed of {args.arm} as one cohort: leave --seed out")
         _exists(r / "data/train.jsonl", "run `python -m talkmethods split` with the same --config and --results first")
         if cfg["model"]["warmstart"]:
             _exists(r / C.WARMSTART_MODEL, warm)

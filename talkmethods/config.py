@@ -169,6 +169,13 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
+def cohort_arms(config: dict) -> list[str]:
+    """The arms whose seeds train as one cohort (``train.cohort``: true for every arm, false for none, or a list)."""
+    chosen = config["train"]["cohort"]
+    chosen = config["arms"] if chosen is True else chosen or []
+    return [a for a in config["arms"] if a in chosen]
+
+
 def train_params(config: dict, arm: str, seed: int, results: str = "results") -> dict:
     """Plain values of one training run (a rule's ``params:``, so an edit reruns it): ``recipe.TrainConfig``'s fields."""
     t = config["train"]

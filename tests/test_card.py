@@ -459,9 +459,15 @@ def test_recipe_says_whether_the_seeds_trained_as_a_cohort(summary_and_root):
     """train.cohort: a cohort's seed is not bitwise its lone run; the card says which mode trained the rows."""
     summary, _ = summary_and_root
 
-    def seed_lines(cohort: bool):
-        recipe = _section(render_card(summary, dict(META, recipe={"cohort": cohort}), summary["checks"]), "Recipe")
+    def seed_lines(cohort):
+        meta = dict(META, recipe={"cohort": cohort, "arms": ["grpo", "ada", "raft"]})
+        recipe = _section(render_card(summary, meta, summary["checks"]), "Recipe")
         return [line for line in recipe.splitlines() if line.startswith("- Seeds trained")]
 
-    assert seed_lines(False) == ["- Seeds trained: each seed its own run"]
+    assert seed_lines(False) == seed_lines([]) == ["- Seeds trained: each seed its own run"]
     assert len(seed_lines(True)) == 1 and "one cohort" in seed_lines(True)[0]
+    assert seed_lines(["raft", "ada", "grpo"]) == seed_lines(True)
+    (some,) = seed_lines(["raft", "grpo"])  # train.cohort names some arms: the card names both groups
+    assert some.startswith("- Seeds trained: grpo, raft: an arm's seeds as one cohort") and some.endswith(
+        "; ada: each seed its own run"
+    )

@@ -77,7 +77,32 @@ BAD = {
         ["softmax(logits / temperature)"],
     ),
     "eval-rep-penalty-fast": ("eval: {repetition_penalty: 1.05}", "eval.repetition_penalty", ["eval.engine: plain"]),
+    "cohort-unknown-arm": ("train: {cohort: [grpo, ppo]}", "train.cohort.1", ["'ppo'", f"allowed: {ARMS}"]),
+    "cohort-not-arms": (
+        "train: {cohort: yes please}",
+        "train.cohort",
+        ["'yes please'", "expected ['boolean', 'array']"],
+    ),
 }
+
+
+@pytest.mark.parametrize(
+    "cohort, together",
+    [
+        (False, []),
+        ([], []),
+        (True, ["grpo", "ada", "raft", "mixed"]),
+        (["mixed", "raft", "ada_mixed"], ["raft", "mixed"]),
+    ],
+)
+def test_cohort_arms_are_the_configs_arms_that_train_cohort_names(cohort, together):
+    """train.cohort: true (every arm), false (none) or a list; in the config's order, only arms it runs."""
+    from talkmethods.config import cohort_arms
+
+    cfg = base_config()
+    cfg["train"]["cohort"] = cohort
+    validate_config(cfg)
+    assert cfg["arms"] == ["grpo", "ada", "raft", "mixed"] and cohort_arms(cfg) == together
 
 
 def _one_error_line(text: str) -> str:
@@ -243,7 +268,7 @@ def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch
     cases += [
         (
             ["train", *cohort, "--arm", "grpo", "--seed", "17"],
-            "error: train.cohort: true trains every seed of the arm as one cohort: leave --seed out",
+            "error: train.cohort trains every seed of grpo as one cohort: leave --seed out",
         ),
         (
             ["train", *cohort, "--arm", "grpo"],
@@ -251,6 +276,8 @@ def test_cli_bad_arguments_and_missing_inputs_name_the_fix(tmp_path, monkeypatch
             "and --results first",
         ),
     ]
+    with pytest.raises(SystemExit, match="talkmethods train: missing --seed"):  # cohort.yaml leaves ada a run a seed
+        main(["train", *cohort, "--arm", "ada"])
     (tmp_path / "results/data").mkdir(parents=True)
     (tmp_path / "results/data/heldout.jsonl").write_text("{}\n")
     no_warm = (
