@@ -440,31 +440,47 @@ def _speed():
 
 
 def recipe_minutes(
-    alone: dict[str, float], first: dict[str, float], eval_chats: int, eval_job: str = "eval"
+    alone: dict[str, float],
+    first: dict[str, float],
+    eval_chats: int,
+    eval_job: str = "eval",
+    cohort_arms: tuple[str, ...] = (),
 ) -> dict | None:
     """The full recipe's minutes one job at a time, from the jobs' solo rates: each run its start-up and
     first step (``first``: start to first event, with the machine's compile caches warm) plus 79 steady steps; each eval its start-up and first
     eval, scaled to 600 chats. ``eval_job``: whose solo prices the evals (``eval-eager``: uncompiled maths).
-    None unless every arm and the eval have a solo."""
-    if any(j not in alone or j not in first for j in (*ARMS, eval_job)):
+    ``cohort_arms``: these arms' seeds train as one job (train.cohort), priced by their ``cohort-<arm>`` solo
+    (an event: a step of every seed), once for all seeds. None unless every job priced has a solo."""
+    jobs = {a: f"cohort-{a}" if a in cohort_arms else a for a in ARMS}
+    if any(j not in alone or j not in first for j in (*jobs.values(), eval_job)):
         return None
     speed = _speed()
-    run_s = {a: first[a] + (speed.RECIPE_STEPS - 1) * alone[a] for a in ARMS}
+    runs = {a: 1 if a in cohort_arms else speed.RECIPE_SEEDS for a in ARMS}  # training jobs an arm
+    run_s = {a: first[j] + (speed.RECIPE_STEPS - 1) * alone[j] for a, j in jobs.items()}
     eval_s = first[eval_job] + alone[eval_job] * (speed.RECIPE_EVAL_CHATS / eval_chats - 1)  # start-up is not per chat
     n_evals = speed.recipe_evals(len(ARMS))
-    total = speed.RECIPE_SEEDS * sum(run_s.values()) + n_evals * eval_s
+    total = sum(runs[a] * run_s[a] for a in ARMS) + n_evals * eval_s
     # a job's start: its first event's time beyond a steady one (imports, building, compile, capture)
     eval_start = first[eval_job] - alone[eval_job]
-    start = speed.RECIPE_SEEDS * sum(first[a] - alone[a] for a in ARMS) + n_evals * eval_start
+    start = sum(runs[a] * (first[j] - alone[j]) for a, j in jobs.items()) + n_evals * eval_start
     # eval.one_job_per_run: a run's three kinds in one process, so one eval start a run (and the base's)
     saved = (n_evals - speed.recipe_eval_jobs_one_per_run(len(ARMS))) * eval_start
     return {
-        "run_s": {a: round(v, 1) for a, v in run_s.items()},
+        "run_s": {a: round(v, 1) for a, v in run_s.items()},  # a cohort arm's: its one job's, every seed
+        **({"cohort_arms": [a for a in ARMS if a in cohort_arms]} if cohort_arms else {}),
         "eval_s": round(eval_s, 1),
         "min": round(total / 60, 1),
         "start_min": round(start / 60, 1),
         "one_job_per_run_min": round((total - saved) / 60, 1),
     }
+
+
+def cohort_yaml_arms() -> tuple[str, ...]:
+    """The arms cohort.yaml trains as one job each (its train.cohort)."""
+    import yaml
+
+    chosen = yaml.safe_load((REPO / "cohort.yaml").read_text())["train"]["cohort"]
+    return tuple(ARMS) if chosen is True else tuple(chosen or ())
 
 
 def shared_recipe(solo_min: float, rows: list[dict], k: int = 3, start_min: float | None = None) -> dict | None:
@@ -640,6 +656,14 @@ def table(res: dict) -> str:
                 f"with `eval.one_job_per_run: true` (a run's three evals in one process: "
                 f"{_speed().recipe_eval_jobs_one_per_run(len(ARMS))} eval starts, not {_speed().recipe_evals(len(ARMS))}): "
                 f"**{one['one_job_per_run_min']} min one job at a time** (arithmetic on these solos, not a run)"
+            )
+        if "cohort" in res["recipe"]:
+            co = res["recipe"]["cohort"]
+            lines.append(
+                f"with `cohort.yaml` ({', '.join(co['cohort_arms'])}: an arm's seeds as one job, priced by its "
+                f"cohort solo): **{co['min']} min one job at a time**, **{co['one_job_per_run_min']} min** with one "
+                f"eval job a run too (runs {', '.join(f'{a} {v:.0f} s' for a, v in co['run_s'].items())}; "
+                "a cohort arm's: its one job; arithmetic on these solos, not a run)"
             )
         if "eval_eager" in res["recipe"]:
             eager = res["recipe"]["eval_eager"]
@@ -833,6 +857,9 @@ def main(argv: list[str] | None = None) -> None:
         eager = recipe_minutes(alone, first, res["settings"]["eval_chats"], "eval-eager")
         if eager:  # the same runs, the evals priced by the uncompiled eval's solo
             res["recipe"]["eval_eager"] = eager
+        cohort = recipe_minutes(alone, first, res["settings"]["eval_chats"], cohort_arms=cohort_yaml_arms())
+        if cohort:  # cohort.yaml's arms as one job each, priced by their cohort-<arm> solos
+            res["recipe"]["cohort"] = cohort
     (out / "share.json").write_text(json.dumps(res, indent=1))
     print(table(res))
     (out / "share.md").write_text(table(res) + "\n")

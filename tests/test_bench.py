@@ -268,6 +268,18 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     # a run's three evals in one job: 13 eval starts (12 runs and the base), 24 fewer
     assert one["one_job_per_run_min"] == round((runs + 37 * 65.0 - 24 * 25) / 60, 1)
     assert share.recipe_minutes({k: v for k, v in alone.items() if k != "ada"}, first, 600) is None
+    # cohort arms (train.cohort): one job an arm, its event a step of every seed, its start paid once
+    co_alone, co_first = (
+        {**alone, "cohort-grpo": 9.0, "cohort-raft": 7.0},
+        {**first, "cohort-grpo": 50.0, "cohort-raft": 40.0},
+    )
+    co = share.recipe_minutes(co_alone, co_first, 300, cohort_arms=("raft", "grpo"))
+    assert co["cohort_arms"] == ["grpo", "raft"] and co["run_s"]["grpo"] == 50.0 + 79 * 9.0
+    co_runs = (50 + 79 * 9.0) + (40 + 79 * 7.0) + 3 * (60 + 79 * 6.0) + 3 * (50 + 79 * 5.0)
+    assert co["min"] == round((co_runs + 37 * 65.0) / 60, 1)
+    assert co["start_min"] == round((41 + 33 + 3 * 54 + 3 * 45 + 37 * 25) / 60, 1)
+    assert share.recipe_minutes(alone, first, 300, cohort_arms=("grpo",)) is None  # no cohort-grpo solo
+    assert share.cohort_yaml_arms() == ("grpo", "raft", "mixed")  # cohort.yaml's list
     # the evals priced by another eval job's solo (uncompiled maths: a quicker start, a slower eval)
     eager = share.recipe_minutes({**alone, "eval-eager": 22.0}, {**first, "eval-eager": 30.0}, 300, "eval-eager")
     assert eager["eval_s"] == 52.0 and eager["run_s"] == one["run_s"]  # 8 s start-up + 2 x 22
@@ -298,6 +310,11 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     )
     assert "solos (4 micro-batches;" in md
     assert f"13 eval starts, not 37): **{one['one_job_per_run_min']} min one job at a time**" in md
+    md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": {**recipe, "cohort": co}})
+    assert (
+        f"with `cohort.yaml` (grpo, raft: an arm's seeds as one job, priced by its cohort solo): **{co['min']} min"
+        in md
+    )
     md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": {**recipe, "eval_eager": eager}})
     assert f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval" in md
 
