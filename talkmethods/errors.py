@@ -10,7 +10,8 @@ OOM_HINT = (
     "GPU out of memory. Lower, in config.yaml: train.problems_per_step (chats per step), "
     "train.max_new_tokens / eval.max_new_tokens (turn length), eval.batch_chats (chats per generate call), "
     "raise train.micro_batches (rows per backward), set train.ada_draw_ahead: false (Reinforce-Ada's replay "
-    "rounds one batch at a time), or set train.gradient_checkpointing: true."
+    "rounds one batch at a time), set train.gradient_checkpointing: true, or take the arm out of train.cohort "
+    "(a cohort holds every seed's merged weights and decode buffers at once)."
 )
 
 

@@ -719,8 +719,24 @@ OOM_KEYS = (
     "train.max_new_tokens",
     "eval.max_new_tokens",
     "eval.batch_chats",
+    "train.micro_batches",
+    "train.ada_draw_ahead",
     "train.gradient_checkpointing",
+    "train.cohort",
 )
+
+
+def test_the_oom_hint_names_only_real_config_keys():
+    """Every knob the hint names is a key of the config schema (a renamed key fails here)."""
+    import re
+
+    from talkmethods.config import schema
+    from talkmethods.errors import OOM_HINT
+
+    named = set(re.findall(r"\b(train|eval)\.([a-z_]+)", OOM_HINT))
+    assert {f"{s}.{k}" for s, k in named} >= set(OOM_KEYS)
+    props = schema()["properties"]
+    assert all(k in props[s]["properties"] for s, k in named), named
 
 
 @pytest.mark.parametrize(
