@@ -475,6 +475,26 @@ def recipe_minutes(
     }
 
 
+def projections(rows: list[dict], alone: dict, first: dict, eval_chats: int, cohort_arms: tuple[str, ...]) -> dict:
+    """Every recipe projection these solos allow: one job at a time (and under MPS, from the mixes' work)
+    with the compiled eval, with the uncompiled eval, and with ``cohort_arms`` as one job each."""
+    recipe = {}
+    solo = recipe_minutes(alone, first, eval_chats)
+    if solo:
+        ks = sorted({r["runs"] for r in rows if r["mps"] and r["runs"] > 1})
+        under = [x for k in ks if (x := shared_recipe(solo["min"], rows, k, solo["start_min"]))]
+        recipe.update(one_at_a_time=solo, under_mps=under)
+    eager = recipe_minutes(alone, first, eval_chats, "eval-eager")
+    if eager:  # the same runs, the evals priced by the uncompiled eval's solo
+        recipe["eval_eager"] = eager
+    # the cohort arms' evals priced by config.yaml's engine (fast-eager) where its solo ran, else the compiled eval's
+    ev = "eval-eager" if "eval-eager" in alone else "eval"
+    cohort = recipe_minutes(alone, first, eval_chats, ev, cohort_arms=cohort_arms) if cohort_arms else None
+    if cohort:
+        recipe["cohort"] = {**cohort, "eval_job": ev}
+    return recipe
+
+
 def cohort_yaml_arms() -> tuple[str, ...]:
     """The arms cohort.yaml trains as one job each (its train.cohort)."""
     import yaml
@@ -641,10 +661,12 @@ def table(res: dict) -> str:
                 "—" if i["gpu_idle_s"] is None else f"{i['gpu_idle_s']} ({100 * i['gpu_idle_s'] / i['wall_s']:.0f}%)"
             )
             lines.append(f"| {config} | {job} | {i['wall_s']} | {idle} | {where} | {host} |")
-    if "recipe" in res:
-        one = res["recipe"]["one_at_a_time"]
+    rec = res.get("recipe", {})
+    if rec:
+        lines.append("")
+    if "one_at_a_time" in rec:
+        one = rec["one_at_a_time"]
         lines += [
-            "",
             f"full recipe from these solos ({_solo_mb(res, s)} micro-batches; a run: start to first step + "
             f"{_speed().RECIPE_STEPS - 1} steady steps; an eval on the compiled `fast` engine: start to end of its first): "
             f"**{one['min']} min one job at a time** "
@@ -657,43 +679,42 @@ def table(res: dict) -> str:
                 f"{_speed().recipe_eval_jobs_one_per_run(len(ARMS))} eval starts, not {_speed().recipe_evals(len(ARMS))}): "
                 f"**{one['one_job_per_run_min']} min one job at a time** (arithmetic on these solos, not a run)"
             )
-        if "cohort" in res["recipe"]:
-            co = res["recipe"]["cohort"]
-            lines.append(
-                f"with `cohort.yaml` ({', '.join(co['cohort_arms'])}: an arm's seeds as one job, priced by its "
-                f"cohort solo): **{co['min']} min one job at a time**, **{co['one_job_per_run_min']} min** with one "
-                f"eval job a run too (runs {', '.join(f'{a} {v:.0f} s' for a, v in co['run_s'].items())}; "
-                "a cohort arm's: its one job; arithmetic on these solos, not a run)"
+    if "cohort" in rec:
+        co = rec["cohort"]
+        lines.append(
+            f"with `cohort.yaml` ({', '.join(co['cohort_arms'])}: an arm's seeds as one job, priced by its "
+            f"cohort solo; the evals by {co['eval_job']}'s): **{co['min']} min one job at a time**, "
+            f"**{co['one_job_per_run_min']} min** with one eval job a run too "
+            f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in co['run_s'].items())}; "
+            "a cohort arm's: its one job; arithmetic on these solos, not a run)"
+        )
+    if "eval_eager" in rec:
+        eager = rec["eval_eager"]
+        lines.append(
+            f"with the evals on `fast-eager` (config.yaml's eval.engine: the maths uncompiled; eval-eager's solo, "
+            f"{eager['eval_s']:.0f} s start to end): "
+            f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval "
+            "job a run too (arithmetic on these solos, not a run)"
+        )
+    if rec and res.get("first_event_cold_s"):
+        lines.append(
+            "start to first event, a job's slowest solo (cold compile caches) → its quickest, which the "
+            "projection takes: "
+            + ", ".join(f"{j} {t} → {res['alone_first_event_s'][j]} s" for j, t in res["first_event_cold_s"].items())
+        )
+    for shared in rec.get("under_mps", []):
+        lo, hi = shared["min_range"]
+        k = shared["jobs"]
+        lines.append(
+            f"{k} jobs at a time under MPS: **{shared['min']} min** at the mean work of the "
+            f"{shared['mixes']} {k}-job mixes measured ({shared['work_mean']}; {lo}–{hi} min between the "
+            "best and worst mix)"
+            + (
+                f"; {shared['min_starts_hidden']} min if every start hid behind other jobs' work (a bound, not measured)"
+                if "min_starts_hidden" in shared
+                else ""
             )
-        if "eval_eager" in res["recipe"]:
-            eager = res["recipe"]["eval_eager"]
-            lines.append(
-                f"with the evals on `fast-eager` (config.yaml's eval.engine: the maths uncompiled; eval-eager's solo, "
-                f"{eager['eval_s']:.0f} s start to end): "
-                f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval "
-                "job a run too (arithmetic on these solos, not a run)"
-            )
-        if res.get("first_event_cold_s"):
-            lines.append(
-                "start to first event, a job's slowest solo (cold compile caches) → its quickest, which the "
-                "projection takes: "
-                + ", ".join(
-                    f"{j} {t} → {res['alone_first_event_s'][j]} s" for j, t in res["first_event_cold_s"].items()
-                )
-            )
-        for shared in res["recipe"]["under_mps"]:
-            lo, hi = shared["min_range"]
-            k = shared["jobs"]
-            lines.append(
-                f"{k} jobs at a time under MPS: **{shared['min']} min** at the mean work of the "
-                f"{shared['mixes']} {k}-job mixes measured ({shared['work_mean']}; {lo}–{hi} min between the "
-                "best and worst mix)"
-                + (
-                    f"; {shared['min_starts_hidden']} min if every start hid behind other jobs' work (a bound, not measured)"
-                    if "min_starts_hidden" in shared
-                    else ""
-                )
-            )
+        )
     return "\n".join(lines)
 
 
@@ -849,17 +870,9 @@ def main(argv: list[str] | None = None) -> None:
     # this run's jobs solo'd more than once, where the slowest start was slower than the quickest
     res["first_event_cold_s"] = {j: t for j, t in cold.items() if t > first[j]}
     res["alone_from"] = {j: (args.rows or "this run") if j in own else args.alone for j in alone}
-    solo = recipe_minutes(alone, first, res["settings"]["eval_chats"])
-    if solo:
-        ks = sorted({r["runs"] for r in res["rows"] if r["mps"] and r["runs"] > 1})
-        under = [x for k in ks if (x := shared_recipe(solo["min"], res["rows"], k, solo["start_min"]))]
-        res["recipe"] = {"one_at_a_time": solo, "under_mps": under}
-        eager = recipe_minutes(alone, first, res["settings"]["eval_chats"], "eval-eager")
-        if eager:  # the same runs, the evals priced by the uncompiled eval's solo
-            res["recipe"]["eval_eager"] = eager
-        cohort = recipe_minutes(alone, first, res["settings"]["eval_chats"], cohort_arms=cohort_yaml_arms())
-        if cohort:  # cohort.yaml's arms as one job each, priced by their cohort-<arm> solos
-            res["recipe"]["cohort"] = cohort
+    recipe = projections(res["rows"], alone, first, res["settings"]["eval_chats"], cohort_yaml_arms())
+    if recipe:
+        res["recipe"] = recipe
     (out / "share.json").write_text(json.dumps(res, indent=1))
     print(table(res))
     (out / "share.md").write_text(table(res) + "\n")

@@ -471,12 +471,15 @@ def _seeds_line(cohort, arms) -> str:
         "as one cohort (one process, their chats decoded as one batch, each seed its own adapter, optimizer "
         "and data order; train.cohort)"
     )
-    if cohort is True or cohort and set(arms) <= set(cohort):
-        return f"- Seeds trained: an arm's seeds {how}"
-    together = [a for a in arms if a in (cohort or [])]
+    chosen = list(cohort) if isinstance(cohort, (list, tuple)) else []
+    together = [a for a in arms if a in chosen] if arms else chosen  # a recipe without its arms: the list as given
+    rest = [a for a in arms if a not in together]
+    if cohort is True or together and not rest:
+        return f"- Seeds trained: an arm's seeds {how}" + (
+            f" ({', '.join(together)})" if not arms and together else ""
+        )
     if not together:
         return "- Seeds trained: each seed its own run"
-    rest = [a for a in arms if a not in together]
     return f"- Seeds trained: {', '.join(together)}: an arm's seeds {how}; {', '.join(rest)}: each seed its own run"
 
 

@@ -78,7 +78,7 @@ def _run(args) -> int:
     warm = "run `python -m talkmethods warmstart` with the same --config and --results first"
     if args.stage == "train":
         _need(args, "arm")
-        cohort = args.arm in C.cohort_arms(cfg)
+        cohort = C.trains_as_cohort(cfg, args.arm)  # the arm may be one the config's arms leave out
         _need(args, *([] if cohort else ["seed"]))
         if cohort and args.seed is not None:
             raise C.ConfigError(f"train.cohort trains every seed of {args.arm} as one cohort: leave --seed out")

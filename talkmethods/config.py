@@ -169,11 +169,15 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def cohort_arms(config: dict) -> list[str]:
-    """The arms whose seeds train as one cohort (``train.cohort``: true for every arm, false for none, or a list)."""
+def trains_as_cohort(config: dict, arm: str) -> bool:
+    """Whether ``arm``'s seeds train as one cohort (``train.cohort``: true for every arm, false for none, or a list)."""
     chosen = config["train"]["cohort"]
-    chosen = config["arms"] if chosen is True else chosen or []
-    return [a for a in config["arms"] if a in chosen]
+    return chosen is True or arm in (chosen or [])
+
+
+def cohort_arms(config: dict) -> list[str]:
+    """The config's arms whose seeds train as one cohort, in its order."""
+    return [a for a in config["arms"] if trains_as_cohort(config, a)]
 
 
 def train_params(config: dict, arm: str, seed: int, results: str = "results") -> dict:

@@ -280,6 +280,17 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     assert co["start_min"] == round((41 + 33 + 3 * 54 + 3 * 45 + 37 * 25) / 60, 1)
     assert share.recipe_minutes(alone, first, 300, cohort_arms=("grpo",)) is None  # no cohort-grpo solo
     assert share.cohort_yaml_arms() == ("grpo", "raft", "mixed")  # cohort.yaml's list
+    # the projections a share run writes: with only the uncompiled eval's solo (config.yaml's engine) there
+    # is no compiled-eval projection, and the cohort's evals are priced by fast-eager's
+    no_eval = {k: v for k, v in co_alone.items() if k != "eval"}
+    proj = share.projections(
+        [], {**no_eval, "eval-eager": 20.0}, {**co_first, "eval-eager": 45.0}, 300, ("grpo", "raft")
+    )
+    assert set(proj) == {"eval_eager", "cohort"} and proj["cohort"]["eval_job"] == "eval-eager"
+    assert proj["cohort"]["min"] == co["min"]  # the same eval figures under the other name
+    assert share.projections([], co_alone, co_first, 300, ())["one_at_a_time"] == one
+    assert "cohort" not in share.projections([], co_alone, co_first, 300, ())  # cohort.yaml naming no arm
+    assert share.projections([], co_alone, co_first, 300, ("grpo",))["cohort"]["eval_job"] == "eval"
     # the evals priced by another eval job's solo (uncompiled maths: a quicker start, a slower eval)
     eager = share.recipe_minutes({**alone, "eval-eager": 22.0}, {**first, "eval-eager": 30.0}, 300, "eval-eager")
     assert eager["eval_s"] == 52.0 and eager["run_s"] == one["run_s"]  # 8 s start-up + 2 x 22
@@ -310,11 +321,14 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     )
     assert "solos (4 micro-batches;" in md
     assert f"13 eval starts, not 37): **{one['one_job_per_run_min']} min one job at a time**" in md
-    md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": {**recipe, "cohort": co}})
-    assert (
-        f"with `cohort.yaml` (grpo, raft: an arm's seeds as one job, priced by its cohort solo): **{co['min']} min"
-        in md
+    md = share.table(
+        {"settings": settings, "device": "cpu", "rows": [], "recipe": {**recipe, "cohort": {**co, "eval_job": "eval"}}}
     )
+    assert (
+        f"(grpo, raft: an arm's seeds as one job, priced by its cohort solo; the evals by eval's): **{co['min']}" in md
+    )
+    md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": proj})  # no compiled-eval solo
+    assert "with the evals on `fast-eager`" in md and "with `cohort.yaml`" in md and "full recipe from" not in md
     md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": {**recipe, "eval_eager": eager}})
     assert f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval" in md
 

@@ -471,3 +471,5 @@ def test_recipe_says_whether_the_seeds_trained_as_a_cohort(summary_and_root):
     assert some.startswith("- Seeds trained: grpo, raft: an arm's seeds as one cohort") and some.endswith(
         "; ada: each seed its own run"
     )
+    bare = _section(render_card(summary, dict(META, recipe={"cohort": ["raft"]}), summary["checks"]), "Recipe")
+    assert "as one cohort" in bare and bare.count("(raft)") == 1  # no arms in the recipe: the list as given

@@ -97,12 +97,14 @@ BAD = {
 )
 def test_cohort_arms_are_the_configs_arms_that_train_cohort_names(cohort, together):
     """train.cohort: true (every arm), false (none) or a list; in the config's order, only arms it runs."""
-    from talkmethods.config import cohort_arms
+    from talkmethods.config import cohort_arms, trains_as_cohort
 
     cfg = base_config()
     cfg["train"]["cohort"] = cohort
     validate_config(cfg)
     assert cfg["arms"] == ["grpo", "ada", "raft", "mixed"] and cohort_arms(cfg) == together
+    # the CLI may train an arm the config's arms leave out: train.cohort decides for it as for the others
+    assert trains_as_cohort(cfg, "ada_mixed") == (cohort is True or "ada_mixed" in (cohort or []))
 
 
 def _one_error_line(text: str) -> str:

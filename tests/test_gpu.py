@@ -301,15 +301,54 @@ def _conf_at(script: Path, *args: str, when: str = "AT_TORCH_IMPORT", **extra) -
     return lines[-1].split(" ", 1)[1]
 
 
-@pytest.mark.parametrize("script", ["bench/speed.py", "bench/ab.py", "training"])
-def test_expandable_segments_are_set_before_torch_loads(tmp_path, script):
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("bench/speed.py", ["--help"]),
+        ("bench/ab.py", ["--help"]),
+        ("talkmethods/__main__.py", ["split", "--config", "no-such.yaml"]),  # the CLI: torch loads for its errors
+    ],
+)
+def test_expandable_segments_are_set_before_torch_loads(script, args):
     """Every entry point imports the package (which sets the allocator default) before torch."""
-    if script == "training":  # what the workflow scripts and the CLI import: a stage's module
-        path = tmp_path / "stage.py"
-        path.write_text("import talkmethods.training.cohort\n")
-    else:
-        path = ROOT / script
-    assert _conf_at(path, "--help") == "expandable_segments:True"
+    assert _conf_at(ROOT / script, *args) == "expandable_segments:True"
+
+
+# A workflow script run as Snakemake's ``script:`` runs it: a ``snakemake`` object in its globals (a fake
+# with no params, so the script stops at its stage's call, after its imports).
+WORKFLOW_SCRIPT = r"""
+import os, runpy, sys, types
+seen = {}
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and "torch" not in seen:
+            seen["torch"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        return None
+sys.meta_path.insert(0, Spy())
+script, log = sys.argv[1], sys.argv[2]
+empty = types.SimpleNamespace()
+fake = types.SimpleNamespace(scriptdir=os.path.dirname(script), log=[log], threads=1, params=empty, input=empty,
+                             output=empty, wildcards=empty)
+try:
+    runpy.run_path(script, init_globals={"snakemake": fake}, run_name="__main__")
+except BaseException as err:
+    print("STOPPED", type(err).__name__)
+print("AT_TORCH_IMPORT", seen.get("torch", "never"))
+"""
+
+
+@pytest.mark.parametrize("script", ["train.py", "train_cohort.py", "evaluate.py", "warmstart.py"])
+def test_each_gpu_workflow_script_sets_the_allocator_default_before_torch_loads(tmp_path, script):
+    res = subprocess.run(
+        [sys.executable, "-c", WORKFLOW_SCRIPT, str(ROOT / "workflow_scripts" / script), str(tmp_path / "rule.log")],
+        capture_output=True,
+        text=True,
+        env=_clean_env(TALKMETHODS_FAKE_GPUS="0"),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert "STOPPED AttributeError" in res.stdout, res.stdout + res.stderr[-2000:]  # at the stage's call, as meant
+    assert "AT_TORCH_IMPORT expandable_segments:True" in res.stdout, res.stdout
 
 
 def test_the_sharing_bench_hands_the_allocator_default_to_its_workers():

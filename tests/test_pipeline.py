@@ -429,3 +429,19 @@ def test_report_bundles_card_and_curves(demo):
     assert res.returncode == 0, res.stderr[-3000:]
     html = (run / "results/report.html").read_text(errors="replace")
     assert "card.png" in html and "train_curve.png" in html
+
+
+def test_every_gpu_rule_has_its_own_slurm_resources():
+    """The SLURM profile's defaults (30 min, 2000 MB) would kill any GPU job: each GPU rule, ``use rule``
+    copies included, is named under set-resources."""
+    text = "\n".join(p.read_text() for p in sorted((REPO / "rules").glob("*.smk")))
+    gpu_rules = {
+        m.group(1)
+        for m in re.finditer(r"^rule (\w+):(.*?)(?=^rule |^use rule |^\S|\Z)", text, re.S | re.M)
+        if re.search(r"^\s+gpu=1,", m.group(2), re.M)
+    }
+    gpu_rules |= {m.group(2) for m in re.finditer(r"^use rule (\w+) as (\w+)", text, re.M) if m.group(1) in gpu_rules}
+    assert {"train", "train_cohort", "eval_base"} <= gpu_rules, gpu_rules
+    profile = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
+    assert gpu_rules <= set(profile["set-resources"]), gpu_rules - set(profile["set-resources"])
+    assert all(profile["set-resources"][r]["gpu"] == 1 for r in gpu_rules)

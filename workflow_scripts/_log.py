@@ -3,6 +3,8 @@
 import logging
 import sys
 
+import talkmethods  # noqa: F401  (first: its CUDA allocator default must precede torch's import, in use_threads)
+
 
 def use_threads(n: int) -> None:
     """Give torch the rule's threads, no more: parallel jobs must not oversubscribe the cores."""
