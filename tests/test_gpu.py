@@ -263,7 +263,8 @@ def test_jobs_per_gpu_refuses_a_bad_value(monkeypatch):
 
 # Runs a script as __main__ and prints PYTORCH_CUDA_ALLOC_CONF as it stood when torch was first imported:
 # torch may read the variable when it loads, so the default must be set before then.
-AT_TORCH_IMPORT = r"""
+# The spy both snippets start with: records the variable at torch's first import.
+SPY = r"""
 import os, runpy, sys
 seen = {}
 class Spy:
@@ -272,6 +273,10 @@ class Spy:
             seen["torch"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         return None
 sys.meta_path.insert(0, Spy())
+"""
+AT_TORCH_IMPORT = (
+    SPY
+    + r"""
 sys.argv = sys.argv[1:]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
@@ -280,6 +285,7 @@ except SystemExit:
 print("AT_TORCH_IMPORT", seen.get("torch", "never"))
 print("AT_EXIT", os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
 """
+)
 
 
 def _clean_env(**extra) -> dict:
@@ -316,15 +322,10 @@ def test_expandable_segments_are_set_before_torch_loads(script, args):
 
 # A workflow script run as Snakemake's ``script:`` runs it: a ``snakemake`` object in its globals (a fake
 # with no params, so the script stops at its stage's call, after its imports).
-WORKFLOW_SCRIPT = r"""
-import os, runpy, sys, types
-seen = {}
-class Spy:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" and "torch" not in seen:
-            seen["torch"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-        return None
-sys.meta_path.insert(0, Spy())
+WORKFLOW_SCRIPT = (
+    SPY
+    + r"""
+import types
 script, log = sys.argv[1], sys.argv[2]
 empty = types.SimpleNamespace()
 fake = types.SimpleNamespace(scriptdir=os.path.dirname(script), log=[log], threads=1, params=empty, input=empty,
@@ -335,6 +336,7 @@ except BaseException as err:
     print("STOPPED", type(err).__name__)
 print("AT_TORCH_IMPORT", seen.get("torch", "never"))
 """
+)
 
 
 @pytest.mark.parametrize("script", ["train.py", "train_cohort.py", "evaluate.py", "warmstart.py"])
