@@ -634,13 +634,19 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
     split(n)
     (loss_e, grads_e), wall_e = _timed(step)
     eager_runs = {f"eager, {n} micro-batches": grads_e}
+    skipped = []
     for k, rev in ((2 * n, False), (max(n // 2, 1), False), (n, True)):
         split(k, rev)
-        eager_runs[f"eager, {k} micro-batches" + (", reversed" if rev else "")] = step()[1]
-    # fp32 reference: every parameter in fp32 for one step (8 micro-batches: fp32 activations are twice as big)
+        name = f"eager, {k} micro-batches" + (", reversed" if rev else "")
+        try:
+            eager_runs[name] = step()[1]
+        except torch.OutOfMemoryError:  # fewer, bigger micro-batches may not fit an 80 GB card
+            skipped.append(name)
+            _free()
+    # fp32 reference: every parameter in fp32 for one step (fp32 activations are twice as big: 4x the micro-batches)
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     model.float()
-    split(max(2 * n, 8))
+    split(max(4 * n, 8))
     _, grads_32 = step()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -657,6 +663,7 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
             for name, g in list(eager_runs.items())[1:]
         ],
         "vs_fp32": {name: rel(g, grads_32) for name, g in eager_runs.items()},
+        "eager_out_of_memory": skipped,
     }
     out["noise_floor"] = {
         "what": "the largest of " + "; ".join(p["what"] for p in out["eager_pairs"]),

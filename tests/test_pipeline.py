@@ -335,6 +335,13 @@ def test_rerun_plans_only_what_went_stale(demo):
     counts = job_counts(res.stdout + res.stderr)
     assert "train" not in counts and "split" not in counts, counts
     assert counts["eval_run"] == 36 and counts["eval_base"] == 1, counts
+    # one arm switched to a cohort (train.cohort: [raft]): its seeds retrain as one job (another decode
+    # batch, so other samples: the lone runs' adapters are not the cohort's), and only raft's stages follow
+    overlay.write_text("train:\n  cohort: [raft]\n")
+    res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile", overlays=(overlay,))
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = job_counts(res.stdout + res.stderr)
+    assert counts == {"train_cohort": 1, "eval_run": 9, "train_curve": 3, "aggregate": 1, "card": 1}, counts
     # an SFT edit reruns the warm start and everything downstream of it, and nothing else
     overlay.write_text("model:\n  warmstart:\n    steps: 650\n")
     res = snakemake(["-n", "results/card.png"], run, wf / "Snakefile", overlays=(overlay,))
