@@ -163,6 +163,7 @@ def worker(args) -> None:
     t_start = time.time()
     deadline = args.deadline
     ends: list[float] = []
+    step_logs: dict[str, list[dict]] = {}  # a training job's train_log lines, by run
     cuda = torch.cuda.is_available()
 
     def event():
@@ -298,14 +299,26 @@ def worker(args) -> None:
             )
             liger, micro_batches = cfg.liger_kernels and cuda, cfg.micro_batches  # --idle-profile: lone runs only
         else:
+            from talkmethods.training.runs import StepLog
+
             trainer = holder["trainer"] = build_trainer(
-                cfg, problems, work, callbacks=[StepEnds()], generator_factory=ENGINES["fast"]
+                cfg,
+                problems,
+                work,
+                callbacks=[StepEnds(), StepLog(work / "train_log.jsonl")],
+                generator_factory=ENGINES["fast"],
             )
             t_built = time.time()
             _end_profile(args)
             trainer.train()
             liger, micro_batches = trainer.liger, cfg.micro_batches
         idle = holder.get("idle")
+        # each step's own split (the run's train_log: generation and the rest of its step), beside the events
+        step_logs = {
+            str(p.relative_to(work)): [json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted(work.rglob("train_log.jsonl"))
+            if "ckpt" not in p.parts  # a cohort's in-progress copies of the same lines
+        }
         shutil.rmtree(work, ignore_errors=True)
     if args.profile_events:  # a deadline that came before N events: the events profiled so far
         _end_profile(args, top=70, suffix=".events.txt")
@@ -318,6 +331,7 @@ def worker(args) -> None:
         "built": t_built,
         "ends": ends,
         "idle": idle,
+        "step_logs": step_logs,
         "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1) if cuda else None,
     }
@@ -576,7 +590,20 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
         "import_s": [round(r["start"] - r["process_start"], 1) for r in results],
         "idle": [r.get("idle") for r in results],
         "build_s": [round(r["built"] - r["start"], 1) for r in results],
+        # a training job's steady steps as its train_log splits them: generation, and the rest of the step
+        # (what the log's step window leaves out of the event interval is the step's time outside it)
+        "step_split": [_step_split(r.get("step_logs", {})) for r in results],
     }
+
+
+def _step_split(logs: dict[str, list[dict]]) -> dict | None:
+    """{run: mean gen_s and train_s over its steps past the warm-up}; None for an eval or rollout job."""
+    out = {}
+    for run, lines in logs.items():
+        steady = [x for x in lines if x["step"] > WARMUP["train"]]
+        if steady:
+            out[run] = {k: round(sum(x[k] or 0.0 for x in steady) / len(steady), 3) for k in ("gen_s", "train_s")}
+    return out or None
 
 
 def _passthrough(args) -> list[str]:
