@@ -669,6 +669,25 @@ def table(res: dict) -> str:
             f"| {jobs} | {'yes' if r['mps'] else 'no'} | {fwd} | {r.get('work') or '—'} | {r['steps_per_s'] or '—'} | "
             f"{', '.join(map(str, r['interval_s']))} | {start} | {mem} | {r['overlap_s']} |"
         )
+    split = [
+        (" + ".join(r["jobs"]), j, i, run, sp)
+        for r in res["rows"]
+        if "error" not in r
+        for j, i, runs in zip(r["jobs"], r["interval_s"], r.get("step_split") or [], strict=False)
+        for run, sp in (runs or {}).items()
+    ]
+    if split:
+        lines += [
+            "",
+            "a steady step as each run's train_log splits it (from the step's start to its log line):",
+            "",
+            "| jobs | job | run | generation s | rest of the step s | sum | s an event |",
+            "|---|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {jobs} | {j} | {run} | {sp['gen_s']} | {sp['train_s']} | {round(sp['gen_s'] + sp['train_s'], 2)} | {i} |"
+            for jobs, j, i, run, sp in split
+        ]
     sampled = [
         (" + ".join(r["jobs"]), j, i)
         for r in res["rows"]

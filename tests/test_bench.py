@@ -181,6 +181,11 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     for row in (one, ev, mix):  # every job warm: a rate for each
         assert all(s > 0 for s in row["interval_s"]) and len(row["interval_s"]) == row["runs"]
     assert one["steps_per_s"] > 0 and one["overlap_s"] > 0
+    # a run's train_log splits its steady step; the split's window sits inside the event interval
+    (sp,) = one["step_split"][0].values()
+    assert sp["gen_s"] > 0 and sp["train_s"] > 0 and sp["gen_s"] + sp["train_s"] <= 1.1 * one["interval_s"][0]
+    assert set(trio["step_split"][0]) == {f"seed{s}/train_log.jsonl" for s in (17, 18, 19)}  # the cohort's runs
+    assert ev["step_split"] == [None] and rollout["step_split"] == [None]
     # work is measured against each job alone: grpo's and eval's solos are 1 by definition; raft had no solo
     assert one["work"] == 1.0 and ev["work"] == 1.0 and mix["work"] is None
     assert set(res["alone_interval_s"]) == {
@@ -195,7 +200,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     if shutil.which("nvidia-cuda-mps-control") is None:
         assert "not found" in mps["error"]
     md = (tmp_path / "share.md").read_text()
-    assert "| jobs | MPS |" in md
+    assert "| jobs | MPS |" in md and "| generation s | rest of the step s |" in md
     i, b, f = one["import_s"][0], one["build_s"][0], one["start_to_first_event_s"][0]
     assert f"| {i} + {b} + {round(f - b, 1)} |" in md
     # a later run takes its solos from this one's share.json
