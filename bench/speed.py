@@ -642,6 +642,7 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
             eager_runs[name] = step()[1]
         except torch.OutOfMemoryError:  # fewer, bigger micro-batches may not fit an 80 GB card
             skipped.append(name)
+            model.zero_grad(set_to_none=True)  # the micro-batches it got through left their gradients
             _free()
     # fp32 reference: every parameter in fp32 for one step (fp32 activations are twice as big: 4x the micro-batches)
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
