@@ -287,13 +287,14 @@ def worker(args) -> None:
             from talkmethods.training.cohort import train_cohort
 
             seeds = (17, 18, 19)
+            log_paths = [work / f"seed{s}" / "train_log.jsonl" for s in seeds]
             t_built = time.time()  # the cohort builds inside train_cohort: its building counts in the first event
             _end_profile(args)
             train_cohort(
                 [replace(cfg, seed=s) for s in seeds],
                 problems,
                 [work / f"seed{s}" / "adapter" for s in seeds],
-                [work / f"seed{s}" / "train_log.jsonl" for s in seeds],
+                log_paths,
                 [work / "ckpt" / f"seed{s}" for s in seeds],
                 callbacks=[[CohortStepEnds(s == seeds[-1])] for s in seeds],
             )
@@ -301,11 +302,12 @@ def worker(args) -> None:
         else:
             from talkmethods.training.runs import StepLog
 
+            log_paths = [work / "train_log.jsonl"]
             trainer = holder["trainer"] = build_trainer(
                 cfg,
                 problems,
                 work,
-                callbacks=[StepEnds(), StepLog(work / "train_log.jsonl")],
+                callbacks=[StepEnds(), StepLog(log_paths[0])],
                 generator_factory=ENGINES["fast"],
             )
             t_built = time.time()
@@ -316,8 +318,8 @@ def worker(args) -> None:
         # each step's own split (the run's train_log: generation and the rest of its step), beside the events
         step_logs = {
             str(p.relative_to(work)): [json.loads(line) for line in p.read_text().splitlines()]
-            for p in sorted(work.rglob("train_log.jsonl"))
-            if "ckpt" not in p.parts  # a cohort's in-progress copies of the same lines
+            for p in log_paths
+            if p.exists()  # a run stopped before its first step has none
         }
         shutil.rmtree(work, ignore_errors=True)
     if args.profile_events:  # a deadline that came before N events: the events profiled so far
