@@ -539,6 +539,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     )
     model = trainer.model
     model.train()
+    trainer.right_align_rows = False  # TRL's left-padded rows under a mask, as every round before; a variant below
     patched = [
         type(m).__name__
         for m in model.modules()
@@ -585,8 +586,8 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
         "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top],
     }
-    if args.grad_check or args.train_compile or args.train_liger:
-        res.update(_train_variants(model, batch, parts, step, device, args))
+    if args.grad_check or args.train_compile or args.train_liger or args.train_aligned:
+        res.update(_train_variants(trainer, batch, parts, step, device, args))
     log.info("%s", res)
     trainer = model = None  # (not del: step() names them)
     _free()
@@ -608,7 +609,7 @@ def _step_kernels(step, device) -> tuple[dict[str, tuple[float, int]], dict[str,
     return kern, kinds
 
 
-def _train_variants(model, batch, parts, step, device, args) -> dict:
+def _train_variants(trainer, batch, parts, step, device, args) -> dict:
     """Experiments on the profiled step: their gradients against eager's own spread and an fp32 reference.
 
     Random weights score 0 everywhere, so the advantages are set non-zero to make the comparison bite.
@@ -620,6 +621,7 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
     """
     from talkmethods.training.rows import group_by_length, width_step_for
 
+    model = trainer.model
     n = len(parts)
     width = width_step_for(device)
     batch["advantages"] = torch.linspace(-1, 1, batch["advantages"].numel(), device=device).view_as(
@@ -685,6 +687,18 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
             "grad_rel_diff_fp32": rel(grads, grads_32),
         }
 
+    def aligned() -> dict:
+        """The step with each row's pads after its tokens and no attention mask (``patches.right_aligned_rows``)."""
+        trainer.right_align_rows = True
+        try:
+            res = measured(2)
+            _, kinds = _step_kernels(step, device)
+            res["by_kind_ms"] = {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+            res["gpu_ms"] = round(sum(kinds.values()) / 1000, 1)
+        finally:
+            trainer.right_align_rows = False
+        return res
+
     if args.train_liger:  # Liger's kernels patched in one at a time, cumulatively (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
@@ -716,7 +730,11 @@ def _train_variants(model, batch, parts, step, device, args) -> dict:
                 out["liger_micro_batches"][k] = "out of memory"
                 _free()
         split(n)
+        if args.train_aligned:
+            out["liger+aligned"] = aligned()
         _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
+    elif args.train_aligned:
+        out["aligned"] = aligned()
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
@@ -980,6 +998,12 @@ def main(argv: list[str] | None = None) -> None:
         help="experiment: also time the profiled training step with Liger's RMSNorm, SwiGLU and RoPE kernels",
     )
     ap.add_argument(
+        "--train-aligned",
+        action="store_true",
+        help="experiment: also time the profiled training step with each row's pads after its tokens and no "
+        "attention mask (on top of Liger with --train-liger)",
+    )
+    ap.add_argument(
         "--no-pack",
         dest="pack_seats",
         action="store_false",
@@ -1193,7 +1217,9 @@ def table(res: dict) -> str:
                 name = p["what"].split(" vs ")[0]
                 lines.append(f"| {name} | | {p['grad_rel_diff']:.2e} | {t['vs_fp32'].get(name, float('nan')):.2e} |")
             for name, c in t.items():  # the patched steps (not the micro-batch sweep beside them)
-                if (name.startswith("liger_") or name == "compiled_layers") and "first_step_s" in c:
+                if (name.startswith("liger_") or name in ("compiled_layers", "aligned", "liger+aligned")) and (
+                    "first_step_s" in c
+                ):
                     lines.append(
                         f"| {name.replace('_', ' ', 1)} (first step {c['first_step_s']} s) | {c['wall_s']} | "
                         f"{c['grad_rel_diff']:.2e} | {c.get('grad_rel_diff_fp32', float('nan')):.2e} |"
@@ -1210,6 +1236,12 @@ def table(res: dict) -> str:
                         f"{k}: {v}" + (" s" * isinstance(v, float)) for k, v in t["liger_micro_batches"].items()
                     )
                 )
+            for name in ("aligned", "liger+aligned"):
+                if "by_kind_ms" in t.get(name, {}):
+                    lines.append(
+                        f"- the {name} step's {t[name]['gpu_ms']} ms of kernels (rows' pads after their tokens, no "
+                        "attention mask): " + ", ".join(f"{k} {v}" for k, v in t[name]["by_kind_ms"].items()) + " ms"
+                    )
         lines.append("")
     if "eval" in res:
         e = res["eval"]

@@ -229,6 +229,32 @@ def test_length_grouping_does_not_change_the_update(tmp_path):
     _assert_same_update(grouped, plain)
 
 
+def test_right_aligned_rows_do_not_change_the_update(tmp_path):
+    """Each row's pads after its tokens and no attention mask (``patches.right_aligned_rows``): the same
+    SGD update as TRL's left-padded rows under a mask, and the backbone really ran without one."""
+    masks = {}
+
+    def aligned(on):
+        def prepare(trainer):
+            trainer.right_align_rows = on
+            backbone = trainer.model.get_base_model().model
+            seen = masks.setdefault(on, [])
+
+            def probe(module, args, kwargs):
+                if torch.is_grad_enabled():  # the loss's forwards, not the rollout's
+                    seen.append(kwargs.get("attention_mask"))
+
+            backbone.register_forward_pre_hook(probe, with_kwargs=True)
+
+        return prepare
+
+    _, rolled = _sgd_update(tmp_path / "rolled", aligned(True))
+    _, masked = _sgd_update(tmp_path / "masked", aligned(False))
+    assert masks[True] and all(m is None for m in masks[True]), "a loss forward still passed a mask"
+    assert masks[False] and all(m is not None for m in masks[False])
+    _assert_same_update(rolled, masked)
+
+
 def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):
     """Off-policy splits are refused: one rollout must make exactly one optimizer step."""
     import talkmethods.training.build as build_mod

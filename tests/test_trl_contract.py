@@ -482,6 +482,64 @@ def test_lora_input_uncast_changes_no_number_under_bf16_autocast():
         assert all(m.cast_input_dtype_enabled for m in lora)
 
 
+def test_right_aligned_rows_give_the_fused_head_s_numbers():
+    """``right_aligned_rows`` rolls each row's pads to its end and drops the mask: TRL's fused head gives
+    the same per-token log-probs and gradients as in TRL's own left-padded layout (fp32), the backbone sees
+    no mask, and a batch that is not one block of ones a row runs unchanged."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from talkmethods.models import ModelSpec, load_model
+    from talkmethods.training.patches import right_aligned_rows
+
+    torch.manual_seed(0)
+    model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
+    add_fused_lm_head(model, temperature=0.7)
+    lengths = [(5, 9), (11, 4), (2, 12), (0, 0)]  # (prompt, completion) a row; the last an empty filler row
+    p_len, c_len = 11, 12
+    ids = torch.zeros(len(lengths), p_len + c_len, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(lengths):
+        ids[i, p_len - p : p_len + c] = torch.randint(1, 1000, (p + c,))
+        mask[i, p_len - p : p_len + c] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-c_len] = -100  # as TRL's _get_per_token_logps_and_entropies
+
+    seen = []
+    probe = model.model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw.get("attention_mask")), with_kwargs=True
+    )
+
+    def run(hooks: bool, attention_mask=mask):
+        model.zero_grad(set_to_none=True)
+        handles = []
+        if hooks:
+            pre, post = right_aligned_rows()
+            handles = [model.register_forward_pre_hook(pre, with_kwargs=True), model.register_forward_hook(post)]
+        try:
+            out = model(input_ids=ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        finally:
+            for h in handles:
+                h.remove()
+        weights = (torch.arange(out.log_probs.numel()).view_as(out.log_probs) % 7).float()
+        (out.log_probs * weights).sum().backward()
+        grads = torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None])
+        return out.log_probs.detach(), grads
+
+    want, want_grads = run(False)
+    assert seen[-1] is not None
+    got, got_grads = run(True)
+    assert seen[-1] is None, "the backbone still got an attention mask"
+    assert got.shape == want.shape == (4, p_len + c_len - 1)
+    assert (want[:, -c_len:] != 0).sum() == sum(c for _, c in lengths)  # the completions are scored
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_grads, want_grads, rtol=1e-4, atol=1e-6)
+    holey = mask.clone()
+    holey[0, p_len] = 0  # not one block: left alone, the mask reaches the backbone
+    run(True, holey)
+    assert seen[-1] is not None
+    probe.remove()
+
+
 def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16():
     """``fuse_lora_adds`` reads PEFT's LoRA internals (lora_A/B, scaling, lora_variant, lora_dropout,
     active_adapters, merged, disable_adapters): same logits and gradients as PEFT's own forward."""

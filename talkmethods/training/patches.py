@@ -16,6 +16,7 @@ Applied per call by ``TalkTrainer``'s overrides (``training.trainer``), undone w
 
 - ``lora_inputs_uncast`` (``compute_loss``): PEFT does not cast LoRA inputs to fp32 under bf16 autocast.
 - ``unscored_labels_hook`` (``compute_loss``): the partner's reply in a packed row is not projected by the head.
+- ``right_aligned_rows`` (``compute_loss``): each row's pads moved after its tokens, so attention runs causal with no mask.
 - ``replayable`` (``_get_train_sampler``): TRL's sampler replays its shuffle to any epoch (resume).
 """
 
@@ -82,6 +83,63 @@ def unscored_labels_hook(scored: torch.Tensor | None):
         return args, kwargs
 
     return hook
+
+
+PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
+
+
+def right_aligned_rows():
+    """Forward hooks (pre, post) that run a left-padded micro-batch with every row's pads after its tokens.
+
+    TRL lays a row out as ``[left pads][prompt][completion][right pads]`` and passes that padding mask,
+    so attention needs an explicit mask (cuDNN's masked kernel on a GPU: 0.21 s of an H200 step, and the
+    NaN of ``rows.CUDNN_NAN_WIDTH`` where a left pad's query row is fully masked). Rolled left by its
+    left-pad count, a row reads ``[prompt][completion][pads]``: causal attention alone keeps every real
+    token from seeing a pad, so the mask goes (``attention_mask=None``: SDPA's causal kernel). The labels
+    roll with the tokens and the fused head's per-token outputs roll back, so the loss sees the same
+    positions. The maths is the same: RoPE depends on position differences only (a row's positions now
+    start at 0, as in the rollout engine). A batch whose rows are not one block of ones each (what TRL
+    builds) runs unchanged.
+
+    Contract: tests/test_trl_contract.py::test_logps_come_from_the_fused_head_with_labels_as_a_keyword
+    (the call) and ::test_right_aligned_rows_give_the_fused_head_s_numbers (the numbers).
+    """
+    state: dict = {}
+
+    def pre(module, args, kwargs):
+        state.clear()
+        ids, mask, labels = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("labels")
+        if args or ids is None or mask is None or labels is None or not kwargs.get("fused_lm_head"):
+            return None
+        if mask.dim() != 2 or kwargs.get("shift_labels") is not None or kwargs.get("position_ids") is not None:
+            return None
+        on = mask.bool()
+        width = on.size(1)
+        first = on.int().argmax(1)  # the first attended column (0 for an empty row)
+        cols = torch.arange(width, device=on.device)
+        block = (cols >= first[:, None]) & (cols < (first + on.sum(1))[:, None])
+        if not bool((block == on).all()):
+            return None
+        idx = (cols[None, :] + first[:, None]) % width
+        kwargs.update(input_ids=ids.gather(1, idx), labels=labels.gather(1, idx), attention_mask=None)
+        state["first"] = first
+        return args, kwargs
+
+    def post(module, args, output):
+        first = state.pop("first", None)
+        if first is None:
+            return None
+        for name in PER_TOKEN_FIELDS:
+            x = output.get(name) if hasattr(output, "get") else None
+            if x is None or x.dim() != 2:
+                continue
+            # x[:, q - 1] scores the label at rolled column q; column p + 1 of the row went to (p + 1 - first)
+            full = torch.cat([x.new_zeros(x.size(0), 1), x], dim=1)
+            idx = (torch.arange(1, full.size(1), device=x.device)[None, :] - first[:, None]) % full.size(1)
+            output[name] = full.gather(1, idx)
+        return output
+
+    return pre, post
 
 
 _TUNER_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a model's LoRA layers, listed once

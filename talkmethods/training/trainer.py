@@ -20,7 +20,7 @@ from talkmethods.credit import ARM_PLANS, CREDIT_RULES, draw_with_replays, seat_
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
 from talkmethods.rollout import Chat, Turn, judge_by_gold, play_chats
-from talkmethods.training.patches import lora_inputs_uncast, replayable, unscored_labels_hook
+from talkmethods.training.patches import lora_inputs_uncast, replayable, right_aligned_rows, unscored_labels_hook
 from talkmethods.training.rows import EMPTY_TURN, ROW_KEYS, Row, group_by_length, pad_rows, to_rows, width_step_for
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,8 @@ class TalkTrainer(GRPOTrainer):
     - ``_get_train_sampler``: TRL's shuffle made resumable past the first epoch (``patches.replayable``).
     - ``_generate_and_score_completions``: plays the arm's chats, applies its credit rule, returns the loss rows.
     - ``_prepare_inputs``: re-splits TRL's buffered micro-batches by row length (same loss, less padding).
-    - ``compute_loss``: keeps the partner's reply out of the LM head and PEFT's LoRA input casts out of the loss.
+    - ``compute_loss``: keeps the partner's reply out of the LM head and PEFT's LoRA input casts out of the loss;
+      runs each row with its pads after its tokens (causal attention, no mask).
     - ``_get_per_token_logps_and_entropies``: compares the loss's log-probs with the rollout's (stale weights).
     - ``log``: reports that comparison once a step; stops on non-finite log-probs.
 
@@ -85,6 +86,9 @@ class TalkTrainer(GRPOTrainer):
         self._scored = None  # and which of its completion tokens are the seat's own (tool_mask)
         self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
         self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
+        self.right_align_rows = (
+            True  # pads after each row's tokens, no attention mask (``patches.right_aligned_rows``)
+        )
         self.lora_layers_fused = 0  # set by build.build_trainer (patches.apply_patches)
         self.cohort = None  # a seed cohort's rendezvous (``training.cohort``), set with ``adapter_name``
         self.adapter_name: str | None = None  # this seed's adapter in a cohort's shared model
@@ -207,12 +211,16 @@ class TalkTrainer(GRPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         self._rollout_logps = inputs.get("rollout_logps")
         self._scored = inputs.get("tool_mask")
-        hook = model.register_forward_pre_hook(unscored_labels_hook(self._scored), with_kwargs=True)
+        hooks = [model.register_forward_pre_hook(unscored_labels_hook(self._scored), with_kwargs=True)]
+        if self.right_align_rows:  # after the labels hook: it reads the labels in TRL's layout
+            pre, post = right_aligned_rows()
+            hooks += [model.register_forward_pre_hook(pre, with_kwargs=True), model.register_forward_hook(post)]
         try:
             with lora_inputs_uncast(model, self.args.bf16):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
             self._rollout_logps = self._scored = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
