@@ -310,6 +310,7 @@ def worker(args) -> None:
                 callbacks=[StepEnds(), StepLog(log_paths[0])],
                 generator_factory=ENGINES["fast"],
             )
+            trainer.right_align_rows = not args.masked_rows  # --masked-rows: TRL's layout under a mask (before)
             t_built = time.time()
             _end_profile(args)
             trainer.train()
@@ -327,6 +328,7 @@ def worker(args) -> None:
     out = {
         "job": args.job,
         "liger": liger,
+        "masked_rows": (bool(args.masked_rows) and args.job not in COHORTS) if micro_batches is not None else None,
         "micro_batches": micro_batches,
         "process_start": T_PROCESS,
         "start": t_start,
@@ -582,6 +584,7 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
         **row,
         **throughput(results),
         "liger": [r["liger"] for r in results],
+        "masked_rows": [r.get("masked_rows") for r in results],
         "micro_batches": args.micro_batches,
         "events": [len(r["ends"]) for r in results],
         "peak_allocated_gib": [r["peak_allocated_gib"] for r in results],
@@ -615,6 +618,7 @@ def _passthrough(args) -> list[str]:
         + (["--profile-build"] if args.profile_build else [])
         + (["--profile-events", str(args.profile_events)] if args.profile_events else [])
         + (["--idle-profile"] if args.idle_profile else [])
+        + (["--masked-rows"] if args.masked_rows else [])
     )
 
 
@@ -658,6 +662,8 @@ def table(res: dict) -> str:
             lines.append(f"| {jobs} | {'yes' if r['mps'] else 'no'} | | failed: {r['error'][:300]} | | | | | |")
             continue
         fwd = ", ".join(sorted({"Liger" if lg else "eager" for lg in r["liger"] if lg is not None})) or "—"
+        if any(r.get("masked_rows") or []):
+            fwd += ", masked rows"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         start = (
             ", ".join(
@@ -818,6 +824,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--turn-tokens", type=int, default=None)
     ap.add_argument("--lora-r", type=int, default=None)
     ap.add_argument("--problems-per-step", type=int, default=None)
+    ap.add_argument(
+        "--masked-rows",
+        action="store_true",
+        help="lone training jobs keep TRL's left-padded loss rows under an attention mask (the layout before "
+        "patches.right_aligned_rows): the 'before' of a same-card A/B",
+    )
     ap.add_argument(
         "--plan",
         default="1,2m,3m,2",

@@ -146,8 +146,11 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         "1,eval,raft+eval,2m,grpo,eval-eager,rollout,cohort-rollout,cohort-stacked,cohort-raft",
         "--profile-events",
         "9",
+        "--masked-rows",
     )
     one, ev, mix, mps, second, eager, rollout, cohort, stacked, trio = res["rows"]
+    # --masked-rows: lone runs keep TRL's masked layout, a cohort does not take it, an eval has no loss rows
+    assert one["masked_rows"] == [True] and trio["masked_rows"] == [False] and ev["masked_rows"] == [None]
     assert [r["jobs"] for r in res["rows"]] == [
         ["grpo"],
         ["eval"],
@@ -385,6 +388,7 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
         "liger_rms_norm": step,
         "liger": {**step, "by_kind_ms": kinds, "gpu_ms": 1289.5},
         "liger_micro_batches": {"2": "out of memory", "4": 1.433, "16": 4.289},
+        "liger+aligned": {**step, "wall_s": 1.344, "by_kind_ms": {"attention": 69.3}, "gpu_ms": 1265.4},
     }
     versions = {"torch": "2.11.0", "transformers": "5.23.0"}
     text = speed.table(
@@ -399,3 +403,5 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
     assert "| liger rms_norm (first step 3.3 s) | 2.4 | 4.90e-02 | 4.80e-02 |" in text
     assert "micro batches" not in text  # the sweep is not a table row
     assert "other micro-batch counts: 2: out of memory, 4: 1.433 s, 16: 4.289 s" in text
+    assert "| liger+aligned (first step 3.3 s) | 1.344 | 4.90e-02 | 4.80e-02 |" in text
+    assert "the liger+aligned step's 1265.4 ms of kernels" in text and "attention 69.3 ms" in text
