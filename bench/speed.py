@@ -609,6 +609,15 @@ def _step_kernels(step, device) -> tuple[dict[str, tuple[float, int]], dict[str,
     return kern, kinds
 
 
+def _kernel_summary(step, device) -> dict:
+    """One ``step()`` profiled: its kernels' ms by kind (largest first) and their total."""
+    _, kinds = _step_kernels(step, device)
+    return {
+        "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "gpu_ms": round(sum(kinds.values()) / 1000, 1),
+    }
+
+
 def _train_variants(trainer, batch, parts, step, device, args) -> dict:
     """Experiments on the profiled step: their gradients against eager's own spread and an fp32 reference.
 
@@ -691,10 +700,7 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         """The step with each row's pads after its tokens and no attention mask (``patches.right_aligned_rows``)."""
         trainer.right_align_rows = True
         try:
-            res = measured(2)
-            _, kinds = _step_kernels(step, device)
-            res["by_kind_ms"] = {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
-            res["gpu_ms"] = round(sum(kinds.values()) / 1000, 1)
+            res = {**measured(2), **_kernel_summary(step, device)}
         finally:
             trainer.right_align_rows = False
         return res
@@ -716,9 +722,7 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
             out["liger_" + "+".join(pieces)] = measured(2)
         out["liger"] = out["liger_" + "+".join(pieces)]
         # where the adopted step's time goes now, and whether other cuts of its rows pay
-        _, kinds = _step_kernels(step, device)
-        out["liger"]["by_kind_ms"] = {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
-        out["liger"]["gpu_ms"] = round(sum(kinds.values()) / 1000, 1)
+        out["liger"].update(_kernel_summary(step, device))
         out["liger_micro_batches"] = {}
         for k in sorted({max(n // 2, 1), max(n // 4, 1), 2 * n} - {n}):
             split(k)
@@ -1237,7 +1241,7 @@ def table(res: dict) -> str:
                     )
                 )
             for name in ("aligned", "liger+aligned"):
-                if "by_kind_ms" in t.get(name, {}):
+                if t.get(name, {}).get("by_kind_ms"):  # (a CPU's profile lists no GPU kernels)
                     lines.append(
                         f"- the {name} step's {t[name]['gpu_ms']} ms of kernels (rows' pads after their tokens, no "
                         "attention mask): " + ", ".join(f"{k} {v}" for k, v in t[name]["by_kind_ms"].items()) + " ms"

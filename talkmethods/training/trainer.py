@@ -86,9 +86,8 @@ class TalkTrainer(GRPOTrainer):
         self._scored = None  # and which of its completion tokens are the seat's own (tool_mask)
         self._logp_diff = {"max": 0.0, "sum": 0.0, "n": 0, "kl": 0.0}
         self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
-        self.right_align_rows = (
-            True  # pads after each row's tokens, no attention mask (``patches.right_aligned_rows``)
-        )
+        # each loss row's pads after its tokens, no attention mask (``patches.right_aligned_rows``; the bench switches it)
+        self.right_align_rows = True
         self.lora_layers_fused = 0  # set by build.build_trainer (patches.apply_patches)
         self.cohort = None  # a seed cohort's rendezvous (``training.cohort``), set with ``adapter_name``
         self.adapter_name: str | None = None  # this seed's adapter in a cohort's shared model
