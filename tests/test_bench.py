@@ -204,6 +204,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
         assert "not found" in mps["error"]
     md = (tmp_path / "share.md").read_text()
     assert "| jobs | MPS |" in md and "| generation s | rest of the step s |" in md
+    assert "| cohort-raft | cohort-raft | every seed |" in md and "take turns" in md  # the cohort's step as one
     i, b, f = one["import_s"][0], one["build_s"][0], one["start_to_first_event_s"][0]
     assert f"| {i} + {b} + {round(f - b, 1)} |" in md
     # a later run takes its solos from this one's share.json
@@ -260,6 +261,18 @@ def test_share_plan_items_and_the_work_a_configuration_does():
     assert share.work({"jobs": ["grpo", "eval"], "interval_s": [8.0, 40.0]}, alone) == 1.0
     assert share.work({"jobs": ["grpo", "eval"], "interval_s": [4 / 0.6, 20 / 0.6]}, alone) == 1.2
     assert share.work({"jobs": ["grpo", "ada"], "interval_s": [8.0, 8.0]}, alone) is None
+
+
+def test_a_cohort_step_splits_by_its_last_seed_s_generation():
+    """A cohort's seeds wait for each other, so its step is split once: the least seed's generation, the rest."""
+    share = _bench_module("share")
+    runs = {f"seed{s}/train_log.jsonl": {"gen_s": g, "train_s": 4.0} for s, g in ((17, 5.4), (18, 5.3), (19, 4.4))}
+    rows = [
+        {"jobs": ["cohort-grpo"], "interval_s": [8.4], "step_split": [runs]},
+        {"jobs": ["grpo"], "interval_s": [4.0], "step_split": [{"train_log.jsonl": {"gen_s": 2.6, "train_s": 1.3}}]},
+        {"jobs": ["cohort-raft"], "error": "out of memory"},
+    ]
+    assert share._cohort_splits(rows) == [("cohort-grpo", "cohort-grpo", 8.4, {"gen_s": 4.4, "train_s": 4.0})]
 
 
 def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
