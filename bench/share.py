@@ -497,9 +497,9 @@ def projections(rows: list[dict], alone: dict, first: dict, eval_chats: int, coh
     """Every recipe projection these solos allow: one job at a time (and under MPS, from the mixes' work)
     with the compiled eval, with the uncompiled eval, and with ``cohort_arms`` as one job each."""
     recipe = {}
+    ks = sorted({r["runs"] for r in rows if r["mps"] and r["runs"] > 1})
     solo = recipe_minutes(alone, first, eval_chats)
     if solo:
-        ks = sorted({r["runs"] for r in rows if r["mps"] and r["runs"] > 1})
         under = [x for k in ks if (x := shared_recipe(solo["min"], rows, k, solo["start_min"]))]
         recipe.update(one_at_a_time=solo, under_mps=under)
     eager = recipe_minutes(alone, first, eval_chats, "eval-eager")
@@ -508,8 +508,9 @@ def projections(rows: list[dict], alone: dict, first: dict, eval_chats: int, coh
     # the cohort arms' evals priced by config.yaml's engine (fast-eager) where its solo ran, else the compiled eval's
     ev = "eval-eager" if "eval-eager" in alone else "eval"
     cohort = recipe_minutes(alone, first, eval_chats, ev, cohort_arms=cohort_arms) if cohort_arms else None
-    if cohort:
-        recipe["cohort"] = {**cohort, "eval_job": ev}
+    if cohort:  # and its jobs k at a time under MPS, by the same mixes' work
+        under = [x for k in ks if (x := shared_recipe(cohort["min"], rows, k, cohort["start_min"]))]
+        recipe["cohort"] = {**cohort, "eval_job": ev, "under_mps": under}
     return recipe
 
 
@@ -767,6 +768,11 @@ def table(res: dict) -> str:
             f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in co['run_s'].items())}; "
             "a cohort arm's: its one job; arithmetic on these solos, not a run)"
         )
+        lines += [
+            f"with `cohort.yaml`, {u['jobs']} jobs at a time under MPS: **{u['min']} min** at the mean work of the "
+            f"{u['mixes']} {u['jobs']}-job mixes measured ({u['work_mean']}; {u['min_range'][0]}–{u['min_range'][1]} min)"
+            for u in co.get("under_mps", [])
+        ]
     if "eval_eager" in rec:
         eager = rec["eval_eager"]
         lines.append(

@@ -312,6 +312,20 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     assert share.projections([], co_alone, co_first, 300, ())["one_at_a_time"] == one
     assert "cohort" not in share.projections([], co_alone, co_first, 300, ())  # cohort.yaml naming no arm
     assert share.projections([], co_alone, co_first, 300, ("grpo",))["cohort"]["eval_job"] == "eval"
+    # the cohort recipe under MPS: its minutes over the mean work of the measured two-job mixes
+    pairs = [{"mps": True, "runs": 2, "work": 1.25}, {"mps": True, "runs": 2, "work": 1.35}]
+    co_mps = share.projections(pairs, co_alone, co_first, 300, ("grpo", "raft"))["cohort"]["under_mps"]
+    assert co_mps == [share.shared_recipe(co["min"], pairs, 2, co["start_min"])]
+    assert co_mps[0]["min"] == round(co["min"] / 1.3, 1)
+    md = share.table(
+        {
+            "settings": {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300},
+            "device": "cpu",
+            "rows": [],
+            "recipe": {"cohort": {**co, "eval_job": "eval", "under_mps": co_mps}},
+        }
+    )
+    assert f"with `cohort.yaml`, 2 jobs at a time under MPS: **{co_mps[0]['min']} min**" in md
     # the evals priced by another eval job's solo (uncompiled maths: a quicker start, a slower eval)
     eager = share.recipe_minutes({**alone, "eval-eager": 22.0}, {**first, "eval-eager": 30.0}, 300, "eval-eager")
     assert eager["eval_s"] == 52.0 and eager["run_s"] == one["run_s"]  # 8 s start-up + 2 x 22
