@@ -710,7 +710,7 @@ def table(res: dict) -> str:
             f"| {jobs} | {j} | {run} | {sp['gen_s']} | {sp['train_s']} | {round(sp['gen_s'] + sp['train_s'], 2)} | {i} |"
             for jobs, j, i, run, sp in split
         ]
-        cohorts = [(jobs, j, i, c) for jobs, j, i, c in _cohort_splits(res["rows"])]
+        cohorts = _cohort_splits(res["rows"])
         lines += [
             f"| {jobs} | {j} | every seed | {c['gen_s']} | {c['train_s']} | {i} | {i} |" for jobs, j, i, c in cohorts
         ]
