@@ -761,15 +761,17 @@ def table(res: dict) -> str:
             )
     if "cohort" in rec:
         co = rec["cohort"]
+        # cohort.yaml's arms, or others priced with --cohort-arms
+        label = "`cohort.yaml`" if tuple(co["cohort_arms"]) == cohort_yaml_arms() else "`train.cohort`"
         lines.append(
-            f"with `cohort.yaml` ({', '.join(co['cohort_arms'])}: an arm's seeds as one job, priced by its "
+            f"with {label} ({', '.join(co['cohort_arms'])}: an arm's seeds as one job, priced by its "
             f"cohort solo; the evals by {co['eval_job']}'s): **{co['min']} min one job at a time**, "
             f"**{co['one_job_per_run_min']} min** with one eval job a run too "
             f"(runs {', '.join(f'{a} {v:.0f} s' for a, v in co['run_s'].items())}; "
             "a cohort arm's: its one job; arithmetic on these solos, not a run)"
         )
         lines += [
-            f"with `cohort.yaml`, {u['jobs']} jobs at a time under MPS: **{u['min']} min** at the mean work of the "
+            f"with {label}, {u['jobs']} jobs at a time under MPS: **{u['min']} min** at the mean work of the "
             f"{u['mixes']} {u['jobs']}-job mixes measured ({u['work_mean']}; {u['min_range'][0]}–{u['min_range'][1]} min)"
             for u in co.get("under_mps", [])
         ]
@@ -877,6 +879,11 @@ def main(argv: list[str] | None = None) -> None:
         help="a share.json whose configurations are reported again instead of run (no job starts): with "
         "--alone, the mixes of one device call priced by the solos of another",
     )
+    ap.add_argument(
+        "--cohort-arms",
+        help="comma-separated arms priced as one job a cohort (their cohort-<arm> solos) in the recipe's cohort "
+        "projection; default cohort.yaml's train.cohort. Reprices saved rows with --rows",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes on the offline model: checks the code path")
     ap.add_argument(
         "--profile-build",
@@ -922,6 +929,11 @@ def main(argv: list[str] | None = None) -> None:
         plan = parse_plan(args.plan, args.arm)
     except ValueError as err:
         ap.error(str(err))
+    cohort_arms = (
+        cohort_yaml_arms() if args.cohort_arms is None else tuple(a for a in args.cohort_arms.split(",") if a)
+    )
+    if unknown := [a for a in cohort_arms if a not in ARMS]:
+        ap.error(f"--cohort-arms: unknown arm(s) {', '.join(unknown)} (arms: {', '.join(ARMS)})")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -961,7 +973,7 @@ def main(argv: list[str] | None = None) -> None:
     # this run's jobs solo'd more than once, where the slowest start was slower than the quickest
     res["first_event_cold_s"] = {j: t for j, t in cold.items() if t > first[j]}
     res["alone_from"] = {j: (args.rows or "this run") if j in own else args.alone for j in alone}
-    recipe = projections(res["rows"], alone, first, res["settings"]["eval_chats"], cohort_yaml_arms())
+    recipe = projections(res["rows"], alone, first, res["settings"]["eval_chats"], cohort_arms)
     if recipe:
         res["recipe"] = recipe
     (out / "share.json").write_text(json.dumps(res, indent=1))

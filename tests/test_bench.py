@@ -244,6 +244,17 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     assert not list((tmp_path / "again").glob("*.log")), "--rows starts no job"
 
 
+def test_share_refuses_an_unknown_cohort_arm_before_running_anything(tmp_path):
+    """--cohort-arms names arms, or the bench says which name is wrong before any job or read."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "share.py"
+    flags = ("--quick", "--cohort-arms", "grpo,adda", "--rows", "missing.json", "--out", str(tmp_path))
+    bad = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown arm(s) adda" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_share_plan_items_and_the_work_a_configuration_does():
     """The plan's syntax, and work = each job's rate over its rate alone, summed."""
     share = _bench_module("share")
@@ -317,14 +328,17 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     co_mps = share.projections(pairs, co_alone, co_first, 300, ("grpo", "raft"))["cohort"]["under_mps"]
     assert co_mps == [share.shared_recipe(co["min"], pairs, 2, co["start_min"])]
     assert co_mps[0]["min"] == round(co["min"] / 1.3, 1)
-    md = share.table(
-        {
-            "settings": {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300},
-            "device": "cpu",
-            "rows": [],
-            "recipe": {"cohort": {**co, "eval_job": "eval", "under_mps": co_mps}},
-        }
-    )
+    _md_res = {
+        "settings": {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300},
+        "device": "cpu",
+        "rows": [],
+    }
+    md = share.table({**_md_res, "recipe": {"cohort": {**co, "eval_job": "eval", "under_mps": co_mps}}})
+    # arms other than cohort.yaml's (bench/share.py --cohort-arms) are not called cohort.yaml's
+    assert f"with `train.cohort`, 2 jobs at a time under MPS: **{co_mps[0]['min']} min**" in md
+    assert "cohort.yaml" not in md
+    yaml_co = {**co, "cohort_arms": ["grpo", "raft", "mixed"], "eval_job": "eval", "under_mps": co_mps}
+    md = share.table({**_md_res, "recipe": {"cohort": yaml_co}})
     assert f"with `cohort.yaml`, 2 jobs at a time under MPS: **{co_mps[0]['min']} min**" in md
     # the evals priced by another eval job's solo (uncompiled maths: a quicker start, a slower eval)
     eager = share.recipe_minutes({**alone, "eval-eager": 22.0}, {**first, "eval-eager": 30.0}, 300, "eval-eager")
@@ -363,7 +377,7 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
         f"(grpo, raft: an arm's seeds as one job, priced by its cohort solo; the evals by eval's): **{co['min']}" in md
     )
     md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": proj})  # no compiled-eval solo
-    assert "with the evals on `fast-eager`" in md and "with `cohort.yaml`" in md and "full recipe from" not in md
+    assert "with the evals on `fast-eager`" in md and "with `train.cohort`" in md and "full recipe from" not in md
     md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": {**recipe, "eval_eager": eager}})
     assert f"**{eager['min']} min** one job at a time, **{eager['one_job_per_run_min']} min** with one eval" in md
 
