@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 from test_pipeline import job_counts, snakemake
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
 
 def _bench_module(name: str):
     """``bench/<name>.py`` as a module (bench/ is scripts, not a package)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    path = BENCH / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -77,7 +79,7 @@ def test_ab_experiments_say_they_need_a_gpu_instead_of_failing_later():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the experiments would run")
-    script = Path(__file__).resolve().parents[1] / "bench" / "ab.py"
+    script = BENCH / "ab.py"
     out = subprocess.run(
         [sys.executable, str(script), "two-sets", "--out", "/tmp/unused-ab"],
         capture_output=True,
@@ -122,7 +124,7 @@ def _share(out: Path, *flags: str):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "share.py"
+    script = BENCH / "share.py"
     done = subprocess.run(
         [sys.executable, str(script), "--quick", "--steps", "3", "--evals", "2", *flags, "--out", str(out)],
         capture_output=True,
@@ -249,9 +251,10 @@ def test_share_refuses_an_unknown_cohort_arm_before_running_anything(tmp_path):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "share.py"
-    flags = ("--quick", "--cohort-arms", "grpo,adda", "--rows", "missing.json", "--out", str(tmp_path))
-    bad = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=120)
+    flags = ("--cohort-arms", "grpo,adda", "--rows", "missing.json", "--out", str(tmp_path))
+    bad = subprocess.run(
+        [sys.executable, str(BENCH / "share.py"), *flags], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and "unknown arm(s) adda" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -328,17 +331,14 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     co_mps = share.projections(pairs, co_alone, co_first, 300, ("grpo", "raft"))["cohort"]["under_mps"]
     assert co_mps == [share.shared_recipe(co["min"], pairs, 2, co["start_min"])]
     assert co_mps[0]["min"] == round(co["min"] / 1.3, 1)
-    _md_res = {
-        "settings": {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300},
-        "device": "cpu",
-        "rows": [],
-    }
-    md = share.table({**_md_res, "recipe": {"cohort": {**co, "eval_job": "eval", "under_mps": co_mps}}})
+    settings = {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300}
+    no_rows = {"settings": settings, "device": "cpu", "rows": []}
+    md = share.table({**no_rows, "recipe": {"cohort": {**co, "eval_job": "eval", "under_mps": co_mps}}})
     # arms other than cohort.yaml's (bench/share.py --cohort-arms) are not called cohort.yaml's
     assert f"with `train.cohort`, 2 jobs at a time under MPS: **{co_mps[0]['min']} min**" in md
     assert "cohort.yaml" not in md
     yaml_co = {**co, "cohort_arms": ["grpo", "raft", "mixed"], "eval_job": "eval", "under_mps": co_mps}
-    md = share.table({**_md_res, "recipe": {"cohort": yaml_co}})
+    md = share.table({**no_rows, "recipe": {"cohort": yaml_co}})
     assert f"with `cohort.yaml`, 2 jobs at a time under MPS: **{co_mps[0]['min']} min**" in md
     # the evals priced by another eval job's solo (uncompiled maths: a quicker start, a slower eval)
     eager = share.recipe_minutes({**alone, "eval-eager": 22.0}, {**first, "eval-eager": 30.0}, 300, "eval-eager")
@@ -358,7 +358,6 @@ def test_share_projects_the_recipe_from_its_solos_and_the_mixes_work():
     assert hidden["min_starts_hidden"] == 40.0 and hidden["min"] == shared["min"]
     two = share.shared_recipe(70.0, rows, k=2)  # an 80 GB card holds two jobs
     assert two == {"jobs": 2, "mixes": 1, "work_mean": 3.0, "min": 23.3, "min_range": [23.3, 23.3]}
-    settings = {"seconds": 60, "micro_batches": 8, "turn_tokens": 256, "eval_chats": 300}
     recipe = {"one_at_a_time": one, "under_mps": [shared]}
     md = share.table({"settings": settings, "device": "cpu", "rows": [], "recipe": recipe})
     assert f"**{one['min']} min one job at a time**" in md and f"**{shared['min']} min**" in md
