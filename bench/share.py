@@ -311,6 +311,7 @@ def worker(args) -> None:
                 generator_factory=ENGINES["fast"],
             )
             trainer.right_align_rows = not args.masked_rows  # --masked-rows: TRL's layout under a mask (before)
+            trainer.pack_rows = args.packed_rows  # --packed-rows: a micro-batch's rows as one row, no pads (after)
             t_built = time.time()
             _end_profile(args)
             trainer.train()
@@ -329,6 +330,7 @@ def worker(args) -> None:
         "job": args.job,
         "liger": liger,
         "masked_rows": (bool(args.masked_rows) and args.job not in COHORTS) if micro_batches is not None else None,
+        "packed_rows": (bool(args.packed_rows) and args.job not in COHORTS) if micro_batches is not None else None,
         "micro_batches": micro_batches,
         "process_start": T_PROCESS,
         "start": t_start,
@@ -586,6 +588,7 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
         **throughput(results),
         "liger": [r["liger"] for r in results],
         "masked_rows": [r.get("masked_rows") for r in results],
+        "packed_rows": [r.get("packed_rows") for r in results],
         "micro_batches": args.micro_batches,
         "events": [len(r["ends"]) for r in results],
         "peak_allocated_gib": [r["peak_allocated_gib"] for r in results],
@@ -633,6 +636,7 @@ def _passthrough(args) -> list[str]:
         + (["--profile-events", str(args.profile_events)] if args.profile_events else [])
         + (["--idle-profile"] if args.idle_profile else [])
         + (["--masked-rows"] if args.masked_rows else [])
+        + (["--packed-rows"] if args.packed_rows else [])
     )
 
 
@@ -678,6 +682,8 @@ def table(res: dict) -> str:
         fwd = ", ".join(sorted({"Liger" if lg else "eager" for lg in r["liger"] if lg is not None})) or "—"
         if any(r.get("masked_rows") or []):
             fwd += ", masked rows"
+        if any(r.get("packed_rows") or []):
+            fwd += ", packed rows"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         start = (
             ", ".join(
@@ -862,6 +868,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="lone training jobs keep TRL's left-padded loss rows under an attention mask (the layout before "
         "patches.right_aligned_rows): the 'before' of a same-card A/B",
+    )
+    ap.add_argument(
+        "--packed-rows",
+        action="store_true",
+        help="lone training jobs run each micro-batch's loss rows as one row of real tokens (patches.packed_rows: "
+        "varlen attention, no pads); cohorts keep their layout",
     )
     ap.add_argument(
         "--plan",

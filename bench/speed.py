@@ -586,7 +586,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
         "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top],
     }
-    if args.grad_check or args.train_compile or args.train_liger or args.train_aligned:
+    if args.grad_check or args.train_compile or args.train_liger or args.train_aligned or args.train_packed:
         res.update(_train_variants(trainer, batch, parts, step, device, args))
     log.info("%s", res)
     trainer = model = None  # (not del: step() names them)
@@ -705,6 +705,15 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
             trainer.right_align_rows = False
         return res
 
+    def packed() -> dict:
+        """The step with each micro-batch's rows as one row of real tokens, no pads (``patches.packed_rows``)."""
+        trainer.pack_rows = True
+        try:
+            res = {**measured(2), **_kernel_summary(step, device)}
+        finally:
+            trainer.pack_rows = False
+        return res
+
     if args.train_liger:  # Liger's kernels patched in one at a time, cumulatively (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
@@ -736,9 +745,14 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         split(n)
         if args.train_aligned:
             out["liger+aligned"] = aligned()
+        if args.train_packed:
+            out["liger+packed"] = packed()
         _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
-    elif args.train_aligned:
-        out["aligned"] = aligned()
+    else:
+        if args.train_aligned:
+            out["aligned"] = aligned()
+        if args.train_packed:
+            out["packed"] = packed()
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
@@ -1008,6 +1022,12 @@ def main(argv: list[str] | None = None) -> None:
         "attention mask (on top of Liger with --train-liger)",
     )
     ap.add_argument(
+        "--train-packed",
+        action="store_true",
+        help="experiment: also time the profiled training step with each micro-batch's rows as one row of real "
+        "tokens (varlen attention, no pads; on top of Liger with --train-liger)",
+    )
+    ap.add_argument(
         "--no-pack",
         dest="pack_seats",
         action="store_false",
@@ -1221,9 +1241,10 @@ def table(res: dict) -> str:
                 name = p["what"].split(" vs ")[0]
                 lines.append(f"| {name} | | {p['grad_rel_diff']:.2e} | {t['vs_fp32'].get(name, float('nan')):.2e} |")
             for name, c in t.items():  # the patched steps (not the micro-batch sweep beside them)
-                if (name.startswith("liger_") or name in ("compiled_layers", "aligned", "liger+aligned")) and (
-                    "first_step_s" in c
-                ):
+                if (
+                    name.startswith("liger_")
+                    or name in ("compiled_layers", "aligned", "liger+aligned", "packed", "liger+packed")
+                ) and ("first_step_s" in c):
                     lines.append(
                         f"| {name.replace('_', ' ', 1)} (first step {c['first_step_s']} s) | {c['wall_s']} | "
                         f"{c['grad_rel_diff']:.2e} | {c.get('grad_rel_diff_fp32', float('nan')):.2e} |"
@@ -1240,11 +1261,16 @@ def table(res: dict) -> str:
                         f"{k}: {v}" + (" s" * isinstance(v, float)) for k, v in t["liger_micro_batches"].items()
                     )
                 )
-            for name in ("aligned", "liger+aligned"):
+            layouts = {
+                "aligned": "rows' pads after their tokens, no attention mask",
+                "packed": "rows as one row, no pads",
+            }
+            for name in ("aligned", "liger+aligned", "packed", "liger+packed"):
                 if t.get(name, {}).get("by_kind_ms"):  # (a CPU's profile lists no GPU kernels)
                     lines.append(
-                        f"- the {name} step's {t[name]['gpu_ms']} ms of kernels (rows' pads after their tokens, no "
-                        "attention mask): " + ", ".join(f"{k} {v}" for k, v in t[name]["by_kind_ms"].items()) + " ms"
+                        f"- the {name} step's {t[name]['gpu_ms']} ms of kernels ({layouts[name.split('+')[-1]]}): "
+                        + ", ".join(f"{k} {v}" for k, v in t[name]["by_kind_ms"].items())
+                        + " ms"
                     )
         lines.append("")
     if "eval" in res:

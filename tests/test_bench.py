@@ -246,6 +246,15 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     assert not list((tmp_path / "again").glob("*.log")), "--rows starts no job"
 
 
+def test_share_packed_rows_reach_a_lone_run_and_the_table(tmp_path):
+    """--packed-rows: a lone run's loss rows go through ``patches.packed_rows`` (its SDPA-a-row path on a
+    CPU), the row records it and the table says so."""
+    res = _share(tmp_path, "--plan", "raft", "--packed-rows")
+    (row,) = res["rows"]
+    assert row["packed_rows"] == [True] and row["masked_rows"] == [False] and row["events"][0] >= 3
+    assert "packed rows" in (tmp_path / "share.md").read_text()
+
+
 def test_share_refuses_an_unknown_cohort_arm_before_running_anything(tmp_path):
     """--cohort-arms names arms, or the bench says which name is wrong before any job or read."""
     import subprocess
@@ -429,6 +438,7 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
         "liger": {**step, "by_kind_ms": kinds, "gpu_ms": 1289.5},
         "liger_micro_batches": {"2": "out of memory", "4": 1.433, "16": 4.289},
         "liger+aligned": {**step, "wall_s": 1.344, "by_kind_ms": {"attention": 69.3}, "gpu_ms": 1265.4},
+        "liger+packed": {**step, "wall_s": 1.21, "by_kind_ms": {"attention": 60.1}, "gpu_ms": 1150.2},
     }
     versions = {"torch": "2.11.0", "transformers": "5.23.0"}
     text = speed.table(
@@ -445,3 +455,5 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
     assert "other micro-batch counts: 2: out of memory, 4: 1.433 s, 16: 4.289 s" in text
     assert "| liger+aligned (first step 3.3 s) | 1.344 | 4.90e-02 | 4.80e-02 |" in text
     assert "the liger+aligned step's 1265.4 ms of kernels" in text and "attention 69.3 ms" in text
+    assert "| liger+packed (first step 3.3 s) | 1.21 | 4.90e-02 | 4.80e-02 |" in text
+    assert "the liger+packed step's 1150.2 ms of kernels (rows as one row, no pads): attention 60.1 ms" in text

@@ -255,6 +255,33 @@ def test_right_aligned_rows_do_not_change_the_update(tmp_path):
     _assert_same_update(rolled, masked)
 
 
+def test_packed_rows_do_not_change_the_update(tmp_path):
+    """A micro-batch's rows as one row of real tokens (``patches.packed_rows``): the same SGD update as
+    TRL's left-padded rows under a mask, and the backbone really got one packed row with no mask."""
+    seen = {}
+
+    def packing(on):
+        def prepare(trainer):
+            trainer.right_align_rows = False
+            trainer.pack_rows = on
+            backbone = trainer.model.get_base_model().model
+            shapes = seen.setdefault(on, [])
+
+            def probe(module, args, kwargs):
+                if torch.is_grad_enabled():  # the loss's forwards, not the rollout's
+                    shapes.append((kwargs["input_ids"].size(0), kwargs.get("attention_mask")))
+
+            backbone.register_forward_pre_hook(probe, with_kwargs=True)
+
+        return prepare
+
+    _, packed = _sgd_update(tmp_path / "packed", packing(True))
+    _, masked = _sgd_update(tmp_path / "masked", packing(False))
+    assert seen[True] and all(n == 1 and all(v is None for v in m.values()) for n, m in seen[True])
+    assert seen[False] and all(n > 1 and m is not None for n, m in seen[False])
+    _assert_same_update(packed, masked)
+
+
 def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):
     """Off-policy splits are refused: one rollout must make exactly one optimizer step."""
     import talkmethods.training.build as build_mod

@@ -692,3 +692,73 @@ def test_liger_patches_the_qwen2_pieces_the_recipe_names(tmp_path):
     sig = inspect.signature(liger_kernel.transformers.apply_liger_kernel_to_qwen2).parameters
     assert {"rope", "rms_norm", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "model"} <= set(sig)
     _runs_in_a_fresh_process(LIGER_ON_THE_TINY_MODEL, tmp_path)
+
+
+def test_packed_rows_give_the_fused_head_s_numbers():
+    """``packed_rows`` runs a micro-batch's rows as one row of real tokens (varlen attention, each row's
+    positions from 0, pre-shifted labels): TRL's fused head gives the same per-token log-probs and
+    gradients as in TRL's own left-padded layout (fp32), in TRL's layout; the backbone sees one row and
+    no mask; the model's attention implementation is back after the call; a batch that is not one block
+    of ones a row runs unchanged."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from talkmethods.models import ModelSpec, load_model
+    from talkmethods.training.patches import PACKED_ATTENTION, packed_rows
+
+    torch.manual_seed(0)
+    model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
+    add_fused_lm_head(model, temperature=0.7)
+    before = model.config._attn_implementation
+    lengths = [(5, 9), (11, 4), (2, 12), (0, 0)]  # (prompt, completion) a row; the last an empty filler row
+    p_len, c_len = 11, 12
+    ids = torch.zeros(len(lengths), p_len + c_len, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(lengths):
+        ids[i, p_len - p : p_len + c] = torch.randint(1, 1000, (p + c,))
+        mask[i, p_len - p : p_len + c] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-c_len] = -100  # as TRL's _get_per_token_logps_and_entropies
+
+    seen = []
+    probe = model.model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append((kw.get("input_ids"), kw.get("attention_mask"), m.config._attn_implementation)),
+        with_kwargs=True,
+    )
+
+    def run(packed: bool, attention_mask=mask):
+        model.zero_grad(set_to_none=True)
+        if packed:
+            with packed_rows(model):
+                out = model(input_ids=ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        else:
+            out = model(input_ids=ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        weights = (torch.arange(out.log_probs.numel()).view_as(out.log_probs) % 7).float()
+        (out.log_probs * weights).sum().backward()
+        grads = torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None])
+        return out.log_probs.detach(), grads
+
+    want, want_grads = run(False)
+    got, got_grads = run(True)
+    seen_ids, seen_mask, seen_impl = seen[-1]
+    assert seen_ids.shape == (1, sum(p + c for p, c in lengths)), "the backbone did not get one row of real tokens"
+    assert seen_impl == PACKED_ATTENTION and all(m is None for m in seen_mask.values())
+    assert model.config._attn_implementation == before
+    assert got.shape == want.shape == (4, p_len + c_len - 1)
+    assert (want[:, -c_len:] != 0).sum() == sum(c for _, c in lengths)  # the completions are scored
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # fp32 sums in another order (one row, not four): one element in ~10M moves by 1.4e-6 (of 2.7e-3)
+    assert float((got_grads - want_grads).norm() / want_grads.norm()) < 1e-5
+    holey = mask.clone()
+    holey[0, p_len] = 0  # not one block: left alone, the batch reaches the backbone as it was
+    run(True, holey)
+    assert seen[-1][0].shape == ids.shape and seen[-1][2] == before
+
+    def fail(*_):
+        raise RuntimeError("a forward that dies midway")
+
+    dies = model.model.layers[0].register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="midway"), packed_rows(model):  # a dead forward leaves the model as it was
+        model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    dies.remove()
+    assert model.config._attn_implementation == before
+    probe.remove()

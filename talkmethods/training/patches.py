@@ -17,6 +17,7 @@ Applied per call by ``TalkTrainer``'s overrides (``training.trainer``), undone w
 - ``lora_inputs_uncast`` (``compute_loss``): PEFT does not cast LoRA inputs to fp32 under bf16 autocast.
 - ``unscored_labels_hook`` (``compute_loss``): the partner's reply in a packed row is not projected by the head.
 - ``right_aligned_rows`` (``compute_loss``): each row's pads moved after its tokens, so attention runs causal with no mask.
+- ``packed_rows`` (``compute_loss``, where ``train.packed_rows``): a micro-batch's rows as one row of real tokens, no pads.
 - ``replayable`` (``_get_train_sampler``): TRL's sampler replays its shuffle to any epoch (resume).
 """
 
@@ -26,6 +27,7 @@ import weakref
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 
 
 def apply_patches(model, liger: bool = False) -> int:
@@ -140,6 +142,175 @@ def right_aligned_rows():
         return output
 
     return pre, post
+
+
+PACKED_ATTENTION = "talkmethods_packed"  # the attention implementation packed rows switch the model to
+
+
+def packed_rows_available(device: torch.device) -> bool:
+    """Whether ``packed_rows`` runs its varlen kernel here: PyTorch's flash varlen, a CUDA GPU of sm80+."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (torch >= 2.10)
+    except ImportError:
+        return False
+    return True
+
+
+def _varlen_causal(q, k, v, cu, max_len: int, scale: float):
+    """Causal attention over packed sequences ([tokens, heads, dim]) with PyTorch's varlen kernel.
+
+    Its signature moved between releases: 2.10 takes ``is_causal``, later ones ``window_size`` (causal
+    is (-1, 0)); ``enable_gqa`` (2.13) lets two KV heads serve twelve query heads without copies.
+    """
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "scale" in params:
+        kw["scale"] = scale
+    elif abs(scale - q.size(-1) ** -0.5) > 1e-12:
+        raise RuntimeError(f"varlen_attn takes no scale here and the model's {scale} is not 1/sqrt(head_dim)")
+    if k.size(1) != q.size(1):
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+            v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """A transformers attention function for one packed row: causal within each ``cu_seq_lens_q`` span.
+
+    ``query`` [1, heads, tokens, dim] as transformers passes it; returns [1, tokens, heads, dim]. On a
+    CUDA GPU PyTorch's flash varlen kernel; elsewhere (the CPU tests) SDPA one sequence at a time, the
+    same maths.
+    """
+    cu, max_len = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+    scale = module.head_dim**-0.5 if scaling is None else scaling
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [tokens, heads, dim]
+    if q.is_cuda:
+        out = _varlen_causal(q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, scale)
+    else:
+        bounds = cu.tolist()
+        parts = [
+            F.scaled_dot_product_attention(
+                *(x[a:b].transpose(0, 1) for x in (q, k, v)), is_causal=True, scale=scale, enable_gqa=True
+            ).transpose(0, 1)
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        out = torch.cat(parts)
+    return out.unsqueeze(0), None
+
+
+class packed_rows:  # noqa: N801  (a context manager used like a function, as the other patches)
+    """Run each left-padded micro-batch as one row of its real tokens: no pad is computed at all.
+
+    ``right_aligned_rows`` drops the mask but still runs every pad column through every layer (the
+    rows of a micro-batch differ in length: ~9% of a 128-row step's tokens are pads, H200 round
+    fourteen). Here the micro-batch's rows are concatenated ([1, real tokens]), each with positions
+    from 0, attention causal within each row (PyTorch's flash varlen kernel over ``cu_seq_lens``,
+    ``packed_attention``), and the fused head scores pre-shifted labels (``shift_labels``: each token
+    against the next token of its own row). Its per-token outputs go back to TRL's [rows, width - 1]
+    layout, so the loss sees the same positions with the same numbers: RoPE depends on position
+    differences only, and no row attends to another.
+
+    On entry it registers the hooks on ``model``; for the forward it switches the model's configs to
+    ``PACKED_ATTENTION`` (and the layers' masks to None), restored in the post-hook and on exit. A
+    batch whose rows are not one block of ones each runs unchanged, as in ``right_aligned_rows``.
+
+    Contract: tests/test_trl_contract.py::test_logps_come_from_the_fused_head_with_labels_as_a_keyword
+    (the call, ``shift_labels`` scored unshifted) and ::test_packed_rows_give_the_fused_head_s_numbers.
+    """
+
+    def __init__(self, model):
+        from transformers import AttentionInterface, PretrainedConfig
+
+        AttentionInterface.register(PACKED_ATTENTION, packed_attention)  # idempotent: a name -> a function
+        self.model = model
+        self.configs = list(
+            {
+                id(m.config): m.config
+                for m in model.modules()
+                if isinstance(getattr(m, "config", None), PretrainedConfig)
+            }.values()
+        )
+        self.saved: list | None = None
+        self.handles: list = []
+        self.state: dict = {}
+
+    def __enter__(self):
+        self.handles = [
+            self.model.register_forward_pre_hook(self.pre, with_kwargs=True),
+            self.model.register_forward_hook(self.post),
+        ]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self._restore()
+        return False
+
+    def _restore(self) -> None:
+        if self.saved is not None:
+            for config, impl in zip(self.configs, self.saved, strict=True):
+                config._attn_implementation = impl
+            self.saved = None
+
+    def pre(self, module, args, kwargs):
+        self.state.clear()
+        ids, mask, labels = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("labels")
+        if args or ids is None or mask is None or labels is None or not kwargs.get("fused_lm_head"):
+            return None
+        if mask.dim() != 2 or kwargs.get("shift_labels") is not None or kwargs.get("position_ids") is not None:
+            return None
+        on = mask.bool()
+        lengths = on.sum(1)
+        first = on.int().argmax(1)
+        cols = torch.arange(on.size(1), device=on.device)
+        if not bool((((cols >= first[:, None]) & (cols < (first + lengths)[:, None])) == on).all()):
+            return None
+        if not bool(on.any()):
+            return None
+        # each token's label is the next column's, -100 past a row's end (its pads are -100 already)
+        shifted = torch.cat([labels[:, 1:], labels.new_full((labels.size(0), 1), -100)], dim=1)
+        used = lengths[lengths > 0]
+        cu = F.pad(used.cumsum(0), (1, 0)).to(torch.int32)
+        layers = getattr(self.configs[0], "layer_types", None) or ["full_attention"]
+        kwargs.update(
+            input_ids=ids[on][None],
+            position_ids=(on.cumsum(1) - 1)[on][None],
+            attention_mask=dict.fromkeys(set(layers)),  # a prepared mask per layer type: none
+            labels=None,
+            shift_labels=shifted[on][None],
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=int(used.max()),
+            max_length_k=int(used.max()),
+        )
+        self.saved = [c._attn_implementation for c in self.configs]
+        for config in self.configs:
+            config._attn_implementation = PACKED_ATTENTION
+        self.state["on"] = on
+        return args, kwargs
+
+    def post(self, module, args, output):
+        self._restore()
+        on = self.state.pop("on", None)
+        if on is None:
+            return None
+        for name in PER_TOKEN_FIELDS:
+            x = output.get(name) if hasattr(output, "get") else None
+            if x is None or x.dim() != 2:
+                continue
+            # the packed token at (row, column c) scored the label at c + 1: TRL's column c of [rows, width - 1]
+            output[name] = x.new_zeros(on.shape).masked_scatter(on, x[0])[:, :-1]
+        return output
 
 
 _TUNER_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a model's LoRA layers, listed once

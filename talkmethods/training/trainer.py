@@ -12,6 +12,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 from trl import GRPOTrainer
@@ -20,7 +21,14 @@ from talkmethods.credit import ARM_PLANS, CREDIT_RULES, draw_with_replays, seat_
 from talkmethods.engines.plain import PlainGenerator
 from talkmethods.engines.sampling import Sampling
 from talkmethods.rollout import Chat, Turn, judge_by_gold, play_chats
-from talkmethods.training.patches import lora_inputs_uncast, replayable, right_aligned_rows, unscored_labels_hook
+from talkmethods.training.patches import (
+    lora_inputs_uncast,
+    packed_rows,
+    packed_rows_available,
+    replayable,
+    right_aligned_rows,
+    unscored_labels_hook,
+)
 from talkmethods.training.rows import EMPTY_TURN, ROW_KEYS, Row, group_by_length, pad_rows, to_rows, width_step_for
 
 log = logging.getLogger(__name__)
@@ -88,6 +96,9 @@ class TalkTrainer(GRPOTrainer):
         self.group_rows = True  # re-split each generation batch by row length (tests switch it off)
         # each loss row's pads after its tokens, no attention mask (``patches.right_aligned_rows``; the bench switches it)
         self.right_align_rows = True
+        # or a micro-batch's rows as one row of real tokens (``patches.packed_rows``; on a CUDA GPU its varlen
+        # kernel, on a CPU SDPA a row at a time): off until measured to pay (the bench switches it)
+        self.pack_rows = False
         self.lora_layers_fused = 0  # set by build.build_trainer (patches.apply_patches)
         self.cohort = None  # a seed cohort's rendezvous (``training.cohort``), set with ``adapter_name``
         self.adapter_name: str | None = None  # this seed's adapter in a cohort's shared model
@@ -211,11 +222,13 @@ class TalkTrainer(GRPOTrainer):
         self._rollout_logps = inputs.get("rollout_logps")
         self._scored = inputs.get("tool_mask")
         hooks = [model.register_forward_pre_hook(unscored_labels_hook(self._scored), with_kwargs=True)]
-        if self.right_align_rows:  # after the labels hook: it reads the labels in TRL's layout
+        device = self.accelerator.device
+        packed = self.pack_rows and (device.type == "cpu" or packed_rows_available(device))
+        if self.right_align_rows and not packed:  # after the labels hook: it reads the labels in TRL's layout
             pre, post = right_aligned_rows()
             hooks += [model.register_forward_pre_hook(pre, with_kwargs=True), model.register_forward_hook(post)]
         try:
-            with lora_inputs_uncast(model, self.args.bf16):
+            with lora_inputs_uncast(model, self.args.bf16), packed_rows(model) if packed else nullcontext():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
             for hook in hooks:
