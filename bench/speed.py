@@ -710,6 +710,8 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         trainer.pack_rows = True
         try:
             res = {**measured(2), **_kernel_summary(step, device)}
+        except Exception as e:  # noqa: BLE001 (an experiment: e.g. a torch whose varlen kernel has no backward)
+            res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         finally:
             trainer.pack_rows = False
         return res
@@ -1249,6 +1251,8 @@ def table(res: dict) -> str:
                         f"| {name.replace('_', ' ', 1)} (first step {c['first_step_s']} s) | {c['wall_s']} | "
                         f"{c['grad_rel_diff']:.2e} | {c.get('grad_rel_diff_fp32', float('nan')):.2e} |"
                     )
+                elif name in ("compiled_layers", "packed", "liger+packed") and "error" in c:
+                    lines.append(f"| {name} | failed: {c['error'][:200]} | | |")
             lines.append(
                 f"- eager's noise floor: {t['noise_floor']['grad_rel_diff']:.2e} ({t['noise_floor']['what']})"
             )

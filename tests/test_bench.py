@@ -439,6 +439,7 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
         "liger_micro_batches": {"2": "out of memory", "4": 1.433, "16": 4.289},
         "liger+aligned": {**step, "wall_s": 1.344, "by_kind_ms": {"attention": 69.3}, "gpu_ms": 1265.4},
         "liger+packed": {**step, "wall_s": 1.21, "by_kind_ms": {"attention": 60.1}, "gpu_ms": 1150.2},
+        "compiled_layers": {"error": "AttributeError: 'float' object has no attribute 'to'", "with_liger": True},
     }
     versions = {"torch": "2.11.0", "transformers": "5.23.0"}
     text = speed.table(
@@ -457,3 +458,4 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
     assert "the liger+aligned step's 1265.4 ms of kernels" in text and "attention 69.3 ms" in text
     assert "| liger+packed (first step 3.3 s) | 1.21 | 4.90e-02 | 4.80e-02 |" in text
     assert "the liger+packed step's 1150.2 ms of kernels (rows as one row, no pads): attention 60.1 ms" in text
+    assert "| compiled_layers | failed: AttributeError: 'float' object has no attribute 'to' | | |" in text
