@@ -688,13 +688,15 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         _, first = _timed(step)
         step()
         (loss, grads), wall = _timed(step)
-        return {
+        res = {
             "wall_s": round(wall, 3),
             "first_step_s": round(first, first_digits),
             "loss": loss,
             "grad_rel_diff": rel(grads, grads_e),
             "grad_rel_diff_fp32": rel(grads, grads_32),
         }
+        log.info("patched step: %s", res)  # in the log as it comes (a section cut short writes no json)
+        return res
 
     def aligned() -> dict:
         """The step with each row's pads after its tokens and no attention mask (``patches.right_aligned_rows``)."""
