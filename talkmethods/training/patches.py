@@ -17,7 +17,8 @@ Applied per call by ``TalkTrainer``'s overrides (``training.trainer``), undone w
 - ``lora_inputs_uncast`` (``compute_loss``): PEFT does not cast LoRA inputs to fp32 under bf16 autocast.
 - ``unscored_labels_hook`` (``compute_loss``): the partner's reply in a packed row is not projected by the head.
 - ``right_aligned_rows`` (``compute_loss``): each row's pads moved after its tokens, so attention runs causal with no mask.
-- ``packed_rows`` (``compute_loss``, where ``train.packed_rows``): a micro-batch's rows as one row of real tokens, no pads.
+- ``packed_rows`` (``compute_loss``, where ``TalkTrainer.pack_rows``; off, a bench experiment): a micro-batch's rows as one
+  row of real tokens, no pads.
 - ``replayable`` (``_get_train_sampler``): TRL's sampler replays its shuffle to any epoch (resume).
 """
 
@@ -145,6 +146,7 @@ def right_aligned_rows():
 
 
 PACKED_ATTENTION = "talkmethods_packed"  # the attention implementation packed rows switch the model to
+_CONFIGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a model's configs, listed once
 
 
 def packed_rows_available(device: torch.device) -> bool:
@@ -223,8 +225,9 @@ class packed_rows:  # noqa: N801  (a context manager used like a function, as th
     ``PACKED_ATTENTION`` (and the layers' masks to None), restored in the post-hook and on exit. A
     batch whose rows are not one block of ones each runs unchanged, as in ``right_aligned_rows``.
 
-    Contract: tests/test_trl_contract.py::test_logps_come_from_the_fused_head_with_labels_as_a_keyword
-    (the call, ``shift_labels`` scored unshifted) and ::test_packed_rows_give_the_fused_head_s_numbers.
+    Contract: tests/test_trl_contract.py::test_packed_rows_give_the_fused_head_s_numbers (TRL's fused head
+    scores ``shift_labels`` unshifted; transformers passes ``cu_seq_lens_q`` and a prepared mask dict
+    through to the attention function; the numbers).
     """
 
     def __init__(self, model):
@@ -232,13 +235,15 @@ class packed_rows:  # noqa: N801  (a context manager used like a function, as th
 
         AttentionInterface.register(PACKED_ATTENTION, packed_attention)  # idempotent: a name -> a function
         self.model = model
-        self.configs = list(
-            {
-                id(m.config): m.config
-                for m in model.modules()
-                if isinstance(getattr(m, "config", None), PretrainedConfig)
-            }.values()
-        )
+        self.configs = _CONFIGS.get(model)
+        if self.configs is None:  # listed once a model: a walk of every module is ms of host time a micro-batch
+            self.configs = _CONFIGS[model] = list(
+                {
+                    id(m.config): m.config
+                    for m in model.modules()
+                    if isinstance(getattr(m, "config", None), PretrainedConfig)
+                }.values()
+            )
         self.saved: list | None = None
         self.handles: list = []
         self.state: dict = {}
