@@ -97,7 +97,8 @@ class TalkTrainer(GRPOTrainer):
         # each loss row's pads after its tokens, no attention mask (``patches.right_aligned_rows``; the bench switches it)
         self.right_align_rows = True
         # or a micro-batch's rows as one row of real tokens (``patches.packed_rows``; on a CUDA GPU its varlen
-        # kernel, on a CPU SDPA a row at a time): off until measured to pay (the bench switches it)
+        # kernel, on a CPU SDPA a row at a time): off, a step -1% on an H100 (docs/h200_2026-12-04.md, round
+        # seventeen) does not pay for a second layout; the bench switches it
         self.pack_rows = False
         self.lora_layers_fused = 0  # set by build.build_trainer (patches.apply_patches)
         self.cohort = None  # a seed cohort's rendezvous (``training.cohort``), set with ``adapter_name``
