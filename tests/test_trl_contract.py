@@ -482,27 +482,40 @@ def test_lora_input_uncast_changes_no_number_under_bf16_autocast():
         assert all(m.cast_input_dtype_enabled for m in lora)
 
 
-def test_right_aligned_rows_give_the_fused_head_s_numbers():
-    """``right_aligned_rows`` rolls each row's pads to its end and drops the mask: TRL's fused head gives
-    the same per-token log-probs and gradients as in TRL's own left-padded layout (fp32), the backbone sees
-    no mask, and a batch that is not one block of ones a row runs unchanged."""
+LEFT_PADDED_ROWS = [(5, 9), (11, 4), (2, 12), (0, 0)]  # (prompt, completion) a row; the last an empty filler row
+PROMPT_COLUMNS, COMPLETION_COLUMNS = 11, 12
+
+
+def _fused_head_model_and_left_padded_rows():
+    """The offline tiny model (fp32) with TRL's fused head, and a batch of ``LEFT_PADDED_ROWS`` laid out as
+    TRL lays it out: prompts left-padded to PROMPT_COLUMNS, completions right-padded to COMPLETION_COLUMNS, labels on the
+    completions (as TRL's _get_per_token_logps_and_entropies)."""
     from trl.trainer.utils import add_fused_lm_head
 
     from talkmethods.models import ModelSpec, load_model
-    from talkmethods.training.patches import right_aligned_rows
 
     torch.manual_seed(0)
     model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
     add_fused_lm_head(model, temperature=0.7)
-    lengths = [(5, 9), (11, 4), (2, 12), (0, 0)]  # (prompt, completion) a row; the last an empty filler row
-    p_len, c_len = 11, 12
-    ids = torch.zeros(len(lengths), p_len + c_len, dtype=torch.long)
+    p_len, c_len = PROMPT_COLUMNS, COMPLETION_COLUMNS
+    ids = torch.zeros(len(LEFT_PADDED_ROWS), p_len + c_len, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for i, (p, c) in enumerate(lengths):
+    for i, (p, c) in enumerate(LEFT_PADDED_ROWS):
         ids[i, p_len - p : p_len + c] = torch.randint(1, 1000, (p + c,))
         mask[i, p_len - p : p_len + c] = 1
     labels = ids.masked_fill(mask == 0, -100)
-    labels[:, :-c_len] = -100  # as TRL's _get_per_token_logps_and_entropies
+    labels[:, :-c_len] = -100
+    return model, ids, mask, labels
+
+
+def test_right_aligned_rows_give_the_fused_head_s_numbers():
+    """``right_aligned_rows`` rolls each row's pads to its end and drops the mask: TRL's fused head gives
+    the same per-token log-probs and gradients as in TRL's own left-padded layout (fp32), the backbone sees
+    no mask, and a batch that is not one block of ones a row runs unchanged."""
+    from talkmethods.training.patches import right_aligned_rows
+
+    model, ids, mask, labels = _fused_head_model_and_left_padded_rows()
+    lengths, p_len, c_len = LEFT_PADDED_ROWS, PROMPT_COLUMNS, COMPLETION_COLUMNS
 
     seen = []
     probe = model.model.register_forward_pre_hook(
@@ -700,24 +713,11 @@ def test_packed_rows_give_the_fused_head_s_numbers():
     gradients as in TRL's own left-padded layout (fp32), in TRL's layout; the backbone sees one row and
     no mask; the model's attention implementation is back after the call; a batch that is not one block
     of ones a row runs unchanged."""
-    from trl.trainer.utils import add_fused_lm_head
-
-    from talkmethods.models import ModelSpec, load_model
     from talkmethods.training.patches import PACKED_ATTENTION, packed_rows
 
-    torch.manual_seed(0)
-    model = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
-    add_fused_lm_head(model, temperature=0.7)
+    model, ids, mask, labels = _fused_head_model_and_left_padded_rows()
+    lengths, p_len, c_len = LEFT_PADDED_ROWS, PROMPT_COLUMNS, COMPLETION_COLUMNS
     before = model.config._attn_implementation
-    lengths = [(5, 9), (11, 4), (2, 12), (0, 0)]  # (prompt, completion) a row; the last an empty filler row
-    p_len, c_len = 11, 12
-    ids = torch.zeros(len(lengths), p_len + c_len, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, (p, c) in enumerate(lengths):
-        ids[i, p_len - p : p_len + c] = torch.randint(1, 1000, (p + c,))
-        mask[i, p_len - p : p_len + c] = 1
-    labels = ids.masked_fill(mask == 0, -100)
-    labels[:, :-c_len] = -100  # as TRL's _get_per_token_logps_and_entropies
 
     seen = []
     probe = model.model.register_forward_pre_hook(

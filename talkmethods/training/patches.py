@@ -24,6 +24,7 @@ Applied per call by ``TalkTrainer``'s overrides (``training.trainer``), undone w
 
 from __future__ import annotations
 
+import functools
 import weakref
 from contextlib import contextmanager
 
@@ -91,6 +92,25 @@ def unscored_labels_hook(scored: torch.Tensor | None):
 PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
 
 
+def _block_rows(args, kwargs):
+    """TRL's fused-head call on a left-padded batch whose rows are each one block of ones, else None.
+
+    Returns (input_ids, the mask as bool, labels, each row's first attended column: 0 for an empty row):
+    what ``right_aligned_rows`` and ``packed_rows`` re-lay out. Anything else (positional arguments, a
+    pre-shifted or positioned call, a mask with holes) they leave as it is.
+    """
+    ids, mask, labels = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("labels")
+    if args or ids is None or mask is None or labels is None or not kwargs.get("fused_lm_head"):
+        return None
+    if mask.dim() != 2 or kwargs.get("shift_labels") is not None or kwargs.get("position_ids") is not None:
+        return None
+    on = mask.bool()
+    first = on.int().argmax(1)
+    cols = torch.arange(on.size(1), device=on.device)
+    block = (cols >= first[:, None]) & (cols < (first + on.sum(1))[:, None])
+    return (ids, on, labels, first) if bool((block == on).all()) else None
+
+
 def right_aligned_rows():
     """Forward hooks (pre, post) that run a left-padded micro-batch with every row's pads after its tokens.
 
@@ -111,19 +131,12 @@ def right_aligned_rows():
 
     def pre(module, args, kwargs):
         state.clear()
-        ids, mask, labels = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("labels")
-        if args or ids is None or mask is None or labels is None or not kwargs.get("fused_lm_head"):
+        rows = _block_rows(args, kwargs)
+        if rows is None:
             return None
-        if mask.dim() != 2 or kwargs.get("shift_labels") is not None or kwargs.get("position_ids") is not None:
-            return None
-        on = mask.bool()
+        ids, on, labels, first = rows
         width = on.size(1)
-        first = on.int().argmax(1)  # the first attended column (0 for an empty row)
-        cols = torch.arange(width, device=on.device)
-        block = (cols >= first[:, None]) & (cols < (first + on.sum(1))[:, None])
-        if not bool((block == on).all()):
-            return None
-        idx = (cols[None, :] + first[:, None]) % width
+        idx = (torch.arange(width, device=on.device)[None, :] + first[:, None]) % width
         kwargs.update(input_ids=ids.gather(1, idx), labels=labels.gather(1, idx), attention_mask=None)
         state["first"] = first
         return args, kwargs
@@ -160,17 +173,25 @@ def packed_rows_available(device: torch.device) -> bool:
     return True
 
 
+@functools.cache
+def varlen_params() -> frozenset[str]:
+    """The keyword names this torch's ``varlen_attn`` takes, read once (each layer's call asks)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def _varlen_causal(q, k, v, cu, max_len: int, scale: float):
     """Causal attention over packed sequences ([tokens, heads, dim]) with PyTorch's varlen kernel.
 
     Its signature moved between releases: 2.10 takes ``is_causal``, later ones ``window_size`` (causal
     is (-1, 0)); ``enable_gqa`` (2.13) lets two KV heads serve twelve query heads without copies.
     """
-    import inspect
-
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters
+    params = varlen_params()
     kw = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     if "scale" in params:
         kw["scale"] = scale
@@ -269,19 +290,11 @@ class packed_rows:  # noqa: N801  (a context manager used like a function, as th
 
     def pre(self, module, args, kwargs):
         self.state.clear()
-        ids, mask, labels = kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("labels")
-        if args or ids is None or mask is None or labels is None or not kwargs.get("fused_lm_head"):
+        rows = _block_rows(args, kwargs)
+        if rows is None or not bool(rows[1].any()):
             return None
-        if mask.dim() != 2 or kwargs.get("shift_labels") is not None or kwargs.get("position_ids") is not None:
-            return None
-        on = mask.bool()
+        ids, on, labels, _ = rows
         lengths = on.sum(1)
-        first = on.int().argmax(1)
-        cols = torch.arange(on.size(1), device=on.device)
-        if not bool((((cols >= first[:, None]) & (cols < (first + lengths)[:, None])) == on).all()):
-            return None
-        if not bool(on.any()):
-            return None
         # each token's label is the next column's, -100 past a row's end (its pads are -100 already)
         shifted = torch.cat([labels[:, 1:], labels.new_full((labels.size(0), 1), -100)], dim=1)
         used = lengths[lengths > 0]
