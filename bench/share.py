@@ -312,6 +312,10 @@ def worker(args) -> None:
             )
             trainer.right_align_rows = not args.masked_rows  # --masked-rows: TRL's layout under a mask (before)
             trainer.pack_rows = args.packed_rows  # --packed-rows: a micro-batch's rows as one row, no pads (after)
+            if args.lora_backward:  # each LoRA layer one autograd node (patches.lora_own_backward)
+                from talkmethods.training.patches import lora_own_backward
+
+                lora_own_backward(trainer.model)
             t_built = time.time()
             _end_profile(args)
             trainer.train()
@@ -331,6 +335,7 @@ def worker(args) -> None:
         "liger": liger,
         "masked_rows": (bool(args.masked_rows) and args.job not in COHORTS) if micro_batches is not None else None,
         "packed_rows": (bool(args.packed_rows) and args.job not in COHORTS) if micro_batches is not None else None,
+        "lora_backward": (bool(args.lora_backward) and args.job not in COHORTS) if micro_batches is not None else None,
         "micro_batches": micro_batches,
         "process_start": T_PROCESS,
         "start": t_start,
@@ -589,6 +594,7 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
         "liger": [r["liger"] for r in results],
         "masked_rows": [r.get("masked_rows") for r in results],
         "packed_rows": [r.get("packed_rows") for r in results],
+        "lora_backward": [r.get("lora_backward") for r in results],
         "micro_batches": args.micro_batches,
         "events": [len(r["ends"]) for r in results],
         "peak_allocated_gib": [r["peak_allocated_gib"] for r in results],
@@ -637,6 +643,7 @@ def _passthrough(args) -> list[str]:
         + (["--idle-profile"] if args.idle_profile else [])
         + (["--masked-rows"] if args.masked_rows else [])
         + (["--packed-rows"] if args.packed_rows else [])
+        + (["--lora-backward"] if args.lora_backward else [])
     )
 
 
@@ -684,6 +691,8 @@ def table(res: dict) -> str:
             fwd += ", masked rows"
         if any(r.get("packed_rows") or []):
             fwd += ", packed rows"
+        if any(r.get("lora_backward") or []):
+            fwd += ", LoRA's own backward"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         start = (
             ", ".join(
@@ -874,6 +883,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="lone training jobs run each micro-batch's loss rows as one row of real tokens (patches.packed_rows: "
         "varlen attention, no pads); cohorts keep their layout",
+    )
+    ap.add_argument(
+        "--lora-backward",
+        action="store_true",
+        help="lone training jobs run each LoRA layer as one autograd node that sums x's gradient in place "
+        "(patches.lora_own_backward); cohorts keep autograd's graph",
     )
     ap.add_argument(
         "--plan",

@@ -66,6 +66,16 @@ log = logging.getLogger("bench")
 ARMS = ("grpo", "ada", "raft", "mixed")
 # the full recipe both projections scale to (share.py's too)
 RECIPE_STEPS, RECIPE_SEEDS, RECIPE_EVAL_CHATS = 80, 3, 600
+# the training-step experiments the table lists beside Liger's pieces (compiled layers first: no layout)
+PATCHED_STEPS = (
+    "compiled_layers",
+    "aligned",
+    "liger+aligned",
+    "packed",
+    "liger+packed",
+    "aligned+lora-bwd",
+    "liger+aligned+lora-bwd",
+)
 
 
 def recipe_evals(n_arms: int) -> int:
@@ -586,7 +596,14 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
         "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top],
     }
-    if args.grad_check or args.train_compile or args.train_liger or args.train_aligned or args.train_packed:
+    if (
+        args.grad_check
+        or args.train_compile
+        or args.train_liger
+        or args.train_aligned
+        or args.train_packed
+        or args.train_lora_backward
+    ):
         res.update(_train_variants(trainer, batch, parts, step, device, args))
     log.info("%s", res)
     trainer = model = None  # (not del: step() names them)
@@ -611,10 +628,12 @@ def _step_kernels(step, device) -> tuple[dict[str, tuple[float, int]], dict[str,
 
 def _kernel_summary(step, device) -> dict:
     """One ``step()`` profiled: its kernels' ms by kind (largest first) and their total."""
-    _, kinds = _step_kernels(step, device)
+    kern, kinds = _step_kernels(step, device)
+    top = sorted(kern.items(), key=lambda kv: -kv[1][0])[:12]
     return {
         "by_kind_ms": {k: round(v / 1000, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "gpu_ms": round(sum(kinds.values()) / 1000, 1),
+        "top": [{"kernel": k[:110], "ms": round(t / 1000, 2), "calls": n} for k, (t, n) in top],
     }
 
 
@@ -683,13 +702,18 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
     }
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
 
-    def measured(first_digits: int) -> dict:
-        """The patched step: its first call (compile, autotune), then a warm one timed, against eager."""
+    def measured(first_digits: int, timed: int = 3) -> dict:
+        """The patched step: its first call (compile, autotune), a warm one, then ``timed`` timed (their
+        median is its figure: one step's spread is ~1%, the size of the gaps these compare), against eager."""
         _, first = _timed(step)
         step()
-        (loss, grads), wall = _timed(step)
+        walls = []
+        for _ in range(timed):
+            (loss, grads), wall = _timed(step)
+            walls.append(round(wall, 3))
         res = {
-            "wall_s": round(wall, 3),
+            "wall_s": sorted(walls)[len(walls) // 2],
+            "walls_s": walls,
             "first_step_s": round(first, first_digits),
             "loss": loss,
             "grad_rel_diff": rel(grads, grads_e),
@@ -716,6 +740,22 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
             res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         finally:
             trainer.pack_rows = False
+        return res
+
+    def lora_backward() -> dict:
+        """The aligned step with each LoRA layer one autograd node, x's gradient summed in place
+        (``patches.lora_own_backward``)."""
+        from talkmethods.training.patches import lora_own_backward
+
+        trainer.right_align_rows = True
+        lora_own_backward(model)
+        try:
+            res = {**measured(2), **_kernel_summary(step, device)}
+        except Exception as e:  # noqa: BLE001 (an experiment: keep the section's other results)
+            res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        finally:
+            lora_own_backward(model, on=False)
+            trainer.right_align_rows = False
         return res
 
     if args.train_liger:  # Liger's kernels patched in one at a time, cumulatively (not the LM head or loss)
@@ -751,12 +791,16 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
             out["liger+aligned"] = aligned()
         if args.train_packed:
             out["liger+packed"] = packed()
+        if args.train_lora_backward:
+            out["liger+aligned+lora-bwd"] = lora_backward()
         _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
     else:
         if args.train_aligned:
             out["aligned"] = aligned()
         if args.train_packed:
             out["packed"] = packed()
+        if args.train_lora_backward:
+            out["aligned+lora-bwd"] = lora_backward()
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
@@ -1032,6 +1076,12 @@ def main(argv: list[str] | None = None) -> None:
         "tokens (varlen attention, no pads; on top of Liger with --train-liger)",
     )
     ap.add_argument(
+        "--train-lora-backward",
+        action="store_true",
+        help="experiment: also time the profiled training step with rows right-aligned and each LoRA layer one "
+        "autograd node summing x's gradient in place (patches.lora_own_backward; on top of Liger with --train-liger)",
+    )
+    ap.add_argument(
         "--no-pack",
         dest="pack_seats",
         action="store_false",
@@ -1245,15 +1295,14 @@ def table(res: dict) -> str:
                 name = p["what"].split(" vs ")[0]
                 lines.append(f"| {name} | | {p['grad_rel_diff']:.2e} | {t['vs_fp32'].get(name, float('nan')):.2e} |")
             for name, c in t.items():  # the patched steps (not the micro-batch sweep beside them)
-                if (
-                    name.startswith("liger_")
-                    or name in ("compiled_layers", "aligned", "liger+aligned", "packed", "liger+packed")
-                ) and ("first_step_s" in c):
+                if (name.startswith("liger_") or name in PATCHED_STEPS) and ("first_step_s" in c):
                     lines.append(
-                        f"| {name.replace('_', ' ', 1)} (first step {c['first_step_s']} s) | {c['wall_s']} | "
+                        f"| {name.replace('_', ' ', 1)} (first step {c['first_step_s']} s) | {c['wall_s']}"
+                        + (f" ({min(c['walls_s'])}–{max(c['walls_s'])})" if len(c.get("walls_s", [])) > 1 else "")
+                        + " | "
                         f"{c['grad_rel_diff']:.2e} | {c.get('grad_rel_diff_fp32', float('nan')):.2e} |"
                     )
-                elif name in ("compiled_layers", "packed", "liger+packed") and "error" in c:
+                elif name in PATCHED_STEPS and "error" in c:
                     lines.append(f"| {name} | failed: {c['error'][:200]} | | |")
             lines.append(
                 f"- eager's noise floor: {t['noise_floor']['grad_rel_diff']:.2e} ({t['noise_floor']['what']})"
@@ -1270,13 +1319,17 @@ def table(res: dict) -> str:
             layouts = {
                 "aligned": "rows' pads after their tokens, no attention mask",
                 "packed": "rows as one row, no pads",
+                "lora-bwd": "rows aligned, each LoRA layer one autograd node",
             }
-            for name in ("aligned", "liger+aligned", "packed", "liger+packed"):
+            for name in PATCHED_STEPS[1:]:
                 if t.get(name, {}).get("by_kind_ms"):  # (a CPU's profile lists no GPU kernels)
                     lines.append(
                         f"- the {name} step's {t[name]['gpu_ms']} ms of kernels ({layouts[name.split('+')[-1]]}): "
                         + ", ".join(f"{k} {v}" for k, v in t[name]["by_kind_ms"].items())
                         + " ms"
+                        + "".join(
+                            f"; {k['kernel'][:60]} {k['ms']} ms ×{k['calls']}" for k in t[name].get("top", [])[:8]
+                        )
                     )
         lines.append("")
     if "eval" in res:

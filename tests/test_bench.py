@@ -439,6 +439,15 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
         "liger_micro_batches": {"2": "out of memory", "4": 1.433, "16": 4.289},
         "liger+aligned": {**step, "wall_s": 1.344, "by_kind_ms": {"attention": 69.3}, "gpu_ms": 1265.4},
         "liger+packed": {**step, "wall_s": 1.21, "by_kind_ms": {"attention": 60.1}, "gpu_ms": 1150.2},
+        "liger+aligned+lora-bwd": {
+            **step,
+            "wall_s": 1.3,
+            "walls_s": [1.31, 1.3, 1.28],
+            "by_kind_ms": {"matmul": 800.5},
+            "gpu_ms": 1190.0,
+            "top": [{"kernel": "nvjet_sm90_tst_256x160", "ms": 140.2, "calls": 224}],
+        },
+        "aligned+lora-bwd": {"error": "RuntimeError: no"},
         "compiled_layers": {"error": "AttributeError: 'float' object has no attribute 'to'", "with_liger": True},
     }
     versions = {"torch": "2.11.0", "transformers": "5.23.0"}
@@ -459,3 +468,9 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
     assert "| liger+packed (first step 3.3 s) | 1.21 | 4.90e-02 | 4.80e-02 |" in text
     assert "the liger+packed step's 1150.2 ms of kernels (rows as one row, no pads): attention 60.1 ms" in text
     assert "| compiled_layers | failed: AttributeError: 'float' object has no attribute 'to' | | |" in text
+    assert "| liger+aligned+lora-bwd (first step 3.3 s) | 1.3 (1.28–1.31) | 4.90e-02 | 4.80e-02 |" in text
+    assert (
+        "the liger+aligned+lora-bwd step's 1190.0 ms of kernels (rows aligned, each LoRA layer one autograd node): "
+        "matmul 800.5 ms; nvjet_sm90_tst_256x160 140.2 ms ×224"
+    ) in text
+    assert "| aligned+lora-bwd | failed: RuntimeError: no | | |" in text

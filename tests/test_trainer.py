@@ -282,6 +282,35 @@ def test_packed_rows_do_not_change_the_update(tmp_path):
     _assert_same_update(packed, masked)
 
 
+def test_lora_own_backward_does_not_change_the_update(tmp_path):
+    """Each LoRA layer as one autograd node (``patches.lora_own_backward``): the same SGD update as
+    autograd's graph of the same sum, and the loss's backward really went through the node."""
+    from talkmethods.training.patches import lora_own_backward
+
+    ran = {}
+
+    def own(on):
+        def prepare(trainer):
+            assert lora_own_backward(trainer.model, on) == trainer.lora_layers_fused > 0
+            seen = ran.setdefault(on, [])
+
+            def probe(module, args, kwargs):
+                if torch.is_grad_enabled():  # the loss's forwards, not the rollout's
+                    out = module.forward(*args, **kwargs)
+                    seen.append(type(out.grad_fn).__name__ if out.grad_fn is not None else None)
+
+            layer = next(m for m in trainer.model.modules() if "forward" in vars(m) and hasattr(m, "lora_A"))
+            layer.register_forward_pre_hook(probe, with_kwargs=True)
+
+        return prepare
+
+    _, mine = _sgd_update(tmp_path / "own", own(True))
+    _, autograd = _sgd_update(tmp_path / "autograd", own(False))
+    assert ran[True] and set(ran[True]) == {"_LoraProductBackward"}, ran[True]
+    assert ran[False] and "_LoraProductBackward" not in ran[False]
+    _assert_same_update(mine, autograd)
+
+
 def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):
     """Off-policy splits are refused: one rollout must make exactly one optimizer step."""
     import talkmethods.training.build as build_mod

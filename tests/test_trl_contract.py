@@ -601,6 +601,79 @@ def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16(
         assert torch.equal(got_model(ids).logits, base(ids).logits)
 
 
+def test_lora_own_backward_is_autograd_s_maths():
+    """``patches.lora_own_backward``: the fused LoRA layers as one autograd node each give autograd's
+    logits and gradients (fp32: to rounding; under bf16 autocast with the adapter in fp32: within what
+    bf16 rounding moves), the adapter's gradients in its own dtype, and off again gives autograd's graph."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from talkmethods.models import ModelSpec, load_model
+    from talkmethods.training.build import LORA_TARGETS
+    from talkmethods.training.patches import _LoraProduct, fuse_lora_adds, lora_own_backward
+
+    torch.manual_seed(0)
+    base = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
+    want_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS)))
+    with torch.no_grad():
+        for name, p in want_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    fuse_lora_adds(want_model)
+    got_model = copy.deepcopy(want_model)
+    n_layers = len(LORA_TARGETS) * base.config.num_hidden_layers
+    assert lora_own_backward(got_model) == n_layers
+    ids = torch.randint(0, 1000, (2, 19))
+
+    def run(model, dtype):
+        model.zero_grad()
+        model.to(dtype)
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.float()  # the adapter stays fp32, as PEFT keeps it under bf16 autocast
+        nodes = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = model(ids).logits
+        node, seen, todo = logits.grad_fn, set(), [logits.grad_fn]
+        while todo:  # the graph's node types: which LoRA path ran
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            nodes.append(type(node).__name__)
+            todo += [n for n, _ in node.next_functions]
+        logits.float().logsumexp(-1).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logits.detach().float(), grads, nodes
+
+    want, want_grads, want_nodes = run(want_model, torch.float32)
+    got, got_grads, got_nodes = run(got_model, torch.float32)
+    assert got_nodes.count("_LoraProductBackward") == n_layers and "_LoraProductBackward" not in want_nodes
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert want_grads.keys() == got_grads.keys() and len(want_grads) == 2 * n_layers
+    for name in want_grads:
+        assert got_grads[name].dtype == torch.float32
+        assert torch.allclose(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6), name
+
+    # bf16 autocast, base in bf16, adapter in fp32 (the GPU recipe): both against the fp32 gradients
+    _, ref_grads, _ = run(copy.deepcopy(want_model), torch.float32)
+    _, want_bf, _ = run(want_model, torch.bfloat16)
+    got_logits, got_bf, _ = run(got_model, torch.bfloat16)
+    flat = lambda g: torch.cat([g[n].flatten() for n in sorted(g)])  # noqa: E731
+    ref = flat(ref_grads)
+    err_want = float((flat(want_bf) - ref).norm() / ref.norm())
+    err_got = float((flat(got_bf) - ref).norm() / ref.norm())
+    assert all(g.dtype == torch.float32 for g in got_bf.values())
+    print(f"bf16 gradients from fp32: autograd {err_want:.3e}, own backward {err_got:.3e}")
+    assert 0 < err_got <= 1.5 * err_want, (err_got, err_want)  # as exact as autograd's bf16 graph, to rounding
+
+    assert lora_own_backward(got_model, on=False) == n_layers
+    got_model.float()
+    *_, nodes = run(got_model, torch.float32)
+    assert "_LoraProductBackward" not in nodes and issubclass(_LoraProduct, torch.autograd.Function)
+
+
 IMPORT_THEN_BUILD = """
 import sys
 sys.path.insert(0, sys.argv[1])  # tests/, for conftest

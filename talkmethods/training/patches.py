@@ -9,7 +9,8 @@ Applied once, by ``apply_patches(model)``, which ``build.build_trainer`` calls o
 
 - ``score_only_valid_positions_on_cpu``: TRL's fused LM head scores only the loss positions on a CPU too
   (process-wide; the warm start's SFT calls it as well).
-- ``fuse_lora_adds``: the model's LoRA linear layers get a leaner forward (this model only).
+- ``fuse_lora_adds``: the model's LoRA linear layers get a leaner forward (this model only);
+  ``lora_own_backward`` (off, a bench experiment) gives that forward one autograd node with its own backward.
 - ``liger_kernels`` (``train.liger_kernels`` on a CUDA GPU): Liger's RMSNorm, SwiGLU and RoPE kernels.
 
 Applied per call by ``TalkTrainer``'s overrides (``training.trainer``), undone when the call ends:
@@ -389,11 +390,85 @@ def _lora_forward(self, x, *args, **kwargs):
         )
     ):
         return type(self).forward(self, x, *args, **kwargs)
-    result = self.base_layer(x)
+    base = self.base_layer
+    if self.__dict__.get("_own_backward") and not any(p.requires_grad for p in base.parameters()):
+        # lora_own_backward: one autograd node, x's gradient summed in place (a trained base keeps autograd's)
+        return _LoraProduct.apply(
+            x, base.weight, base.bias, self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name]
+        )
+    result = base(x)
     h = self.lora_A[name](x) * self.scaling[name]
     b = self.lora_B[name].weight
     flat = torch.addmm(result.reshape(-1, result.size(-1)), h.reshape(-1, h.size(-1)), b.t())
     return flat.view(result.shape).to(result.dtype)
+
+
+def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype autocast gives a linear layer's product here (the base weight's without autocast)."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else weight.dtype
+
+
+class _LoraProduct(torch.autograd.Function):
+    """``x·Wᵀ + bias + s·(x·Aᵀ)·Bᵀ`` (W frozen) as one autograd node with its own backward.
+
+    Autograd's graph of the same sum (``_lora_forward``'s other path) writes x's gradient twice, once
+    from the base product and once from the LoRA one, and then adds the two: a ``[tokens, in]``
+    tensor written, read twice and written again for every LoRA layer. Here the LoRA part is summed
+    into the base part in place (``addmm_``): two full-width passes fewer a layer, one rounding fewer.
+    The maths is autograd's: products in the compute dtype (autocast's, or the weights' without it),
+    the adapter's gradients returned in its own dtype (fp32 under bf16 autocast, as autocast's casts
+    give back). Every call does its own casts, so the backward never relies on autocast's state (the
+    CUDA backward runs on another thread, where autocast is off).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float):
+        dt = _compute_dtype(x, weight)
+        shape = x.shape[:-1]
+        x2 = x.reshape(-1, x.size(-1)).to(dt)
+        w, a, b = weight.to(dt), lora_a.to(dt), lora_b.to(dt)
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.linear(x2, w, None if bias is None else bias.to(dt))
+            h = x2 @ a.t()
+            y.addmm_(h, b.t(), alpha=scaling)  # s = alpha / r, a power of two in the recipe: exact
+        ctx.save_for_backward(x2, h, w, a, b)
+        ctx.scaling, ctx.dtypes = scaling, (x.dtype, lora_a.dtype, lora_b.dtype)
+        return y.view(*shape, y.size(-1))
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, h, w, a, b = ctx.saved_tensors
+        s, (x_dt, a_dt, b_dt) = ctx.scaling, ctx.dtypes
+        need_x, _, _, need_a, need_b, _ = ctx.needs_input_grad  # the base is frozen (_lora_forward checks)
+        shape = dy.shape[:-1]
+        dy2 = dy.reshape(-1, dy.size(-1)).to(w.dtype)
+        dx = da = db = None
+        with torch.autocast(dy.device.type, enabled=False):
+            dh = (dy2 @ b).mul_(s)  # the gradient of h = x·Aᵀ (s folded in, as the forward's alpha)
+            if need_b:
+                db = (dy2.t() @ h).mul_(s).to(b_dt)
+            if need_a:
+                da = (dh.t() @ x2).to(a_dt)
+            if need_x:
+                dx = (dy2 @ w).addmm_(dh, a)  # the LoRA part summed into the base part in place
+                dx = dx.view(*shape, dx.size(-1)).to(x_dt)
+        return dx, None, None, da, db, None
+
+
+def lora_own_backward(model, on: bool = True) -> int:
+    """Switch the fused LoRA layers of ``model`` (``fuse_lora_adds``) to ``_LoraProduct``, or back; returns how many.
+
+    Off by default: a bench experiment until it is measured on a GPU (``bench/speed.py
+    --train-lora-backward``, ``bench/share.py --lora-backward``). The same sum; its gradients differ from
+    autograd's by the one rounding it saves (tests/test_trl_contract.py::test_lora_own_backward_is_autograd_s_maths).
+    """
+    n = 0
+    for module in model.modules():
+        if "forward" in vars(module) and getattr(module.forward, "__func__", None) is _lora_forward:
+            module._own_backward = on
+            n += 1
+    return n
 
 
 def fuse_lora_adds(model) -> int:
