@@ -165,6 +165,7 @@ def worker(args) -> None:
     ends: list[float] = []
     step_logs: dict[str, list[dict]] = {}  # a training job's train_log lines, by run
     cuda = torch.cuda.is_available()
+    own_backward = 0  # LoRA layers switched to patches.lora_own_backward (--lora-backward, lone runs)
 
     def event():
         if cuda:
@@ -315,7 +316,7 @@ def worker(args) -> None:
             if args.lora_backward:  # each LoRA layer one autograd node (patches.lora_own_backward)
                 from talkmethods.training.patches import lora_own_backward
 
-                lora_own_backward(trainer.model)
+                own_backward = lora_own_backward(trainer.model)
             t_built = time.time()
             _end_profile(args)
             trainer.train()
@@ -335,7 +336,7 @@ def worker(args) -> None:
         "liger": liger,
         "masked_rows": (bool(args.masked_rows) and args.job not in COHORTS) if micro_batches is not None else None,
         "packed_rows": (bool(args.packed_rows) and args.job not in COHORTS) if micro_batches is not None else None,
-        "lora_backward": (bool(args.lora_backward) and args.job not in COHORTS) if micro_batches is not None else None,
+        "lora_backward": own_backward if micro_batches is not None else None,  # how many LoRA layers it switched
         "micro_batches": micro_batches,
         "process_start": T_PROCESS,
         "start": t_start,
