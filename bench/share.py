@@ -165,7 +165,7 @@ def worker(args) -> None:
     ends: list[float] = []
     step_logs: dict[str, list[dict]] = {}  # a training job's train_log lines, by run
     cuda = torch.cuda.is_available()
-    own_backward = 0  # LoRA layers switched to patches.lora_own_backward (--lora-backward, lone runs)
+    own_backward = 0  # a lone run's LoRA layers on patches.lora_own_backward (0 with --autograd-lora)
 
     def event():
         if cuda:
@@ -313,10 +313,11 @@ def worker(args) -> None:
             )
             trainer.right_align_rows = not args.masked_rows  # --masked-rows: TRL's layout under a mask (before)
             trainer.pack_rows = args.packed_rows  # --packed-rows: a micro-batch's rows as one row, no pads (after)
-            if args.lora_backward:  # each LoRA layer one autograd node (patches.lora_own_backward)
-                from talkmethods.training.patches import lora_own_backward
+            from talkmethods.training.patches import lora_own_backward
 
-                own_backward = lora_own_backward(trainer.model)
+            # each LoRA layer one autograd node (patches.lora_own_backward, on in every trainer); --autograd-lora: the before
+            switched = lora_own_backward(trainer.model, on=not args.autograd_lora)
+            own_backward = 0 if args.autograd_lora else switched
             t_built = time.time()
             _end_profile(args)
             trainer.train()
@@ -336,7 +337,7 @@ def worker(args) -> None:
         "liger": liger,
         "masked_rows": (bool(args.masked_rows) and args.job not in COHORTS) if micro_batches is not None else None,
         "packed_rows": (bool(args.packed_rows) and args.job not in COHORTS) if micro_batches is not None else None,
-        "lora_backward": own_backward if micro_batches is not None else None,  # how many LoRA layers it switched
+        "lora_backward": own_backward if micro_batches is not None else None,  # its LoRA layers on their own backward
         "micro_batches": micro_batches,
         "process_start": T_PROCESS,
         "start": t_start,
@@ -644,7 +645,7 @@ def _passthrough(args) -> list[str]:
         + (["--idle-profile"] if args.idle_profile else [])
         + (["--masked-rows"] if args.masked_rows else [])
         + (["--packed-rows"] if args.packed_rows else [])
-        + (["--lora-backward"] if args.lora_backward else [])
+        + (["--autograd-lora"] if args.autograd_lora else [])
     )
 
 
@@ -692,8 +693,8 @@ def table(res: dict) -> str:
             fwd += ", masked rows"
         if any(r.get("packed_rows") or []):
             fwd += ", packed rows"
-        if any(r.get("lora_backward") or []):
-            fwd += ", LoRA's own backward"
+        if 0 in (r.get("lora_backward") or []):
+            fwd += ", LoRA through autograd"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         start = (
             ", ".join(
@@ -886,10 +887,10 @@ def main(argv: list[str] | None = None) -> None:
         "varlen attention, no pads); cohorts keep their layout",
     )
     ap.add_argument(
-        "--lora-backward",
+        "--autograd-lora",
         action="store_true",
-        help="lone training jobs run each LoRA layer as one autograd node that sums x's gradient in place "
-        "(patches.lora_own_backward); cohorts keep autograd's graph",
+        help="lone training jobs run LoRA's backward through autograd's graph (the layout before "
+        "patches.lora_own_backward): the 'before' of a same-card A/B; cohorts keep the adopted node",
     )
     ap.add_argument(
         "--plan",

@@ -550,6 +550,11 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     model = trainer.model
     model.train()
     trainer.right_align_rows = False  # TRL's left-padded rows under a mask, as every round before; a variant below
+    from talkmethods.training.patches import lora_own_backward
+
+    lora_own_backward(
+        model, on=False
+    )  # LoRA's backward through autograd's graph, as before round eighteen; a variant below
     patched = [
         type(m).__name__
         for m in model.modules()
@@ -1078,8 +1083,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--train-lora-backward",
         action="store_true",
-        help="experiment: also time the profiled training step with rows right-aligned and each LoRA layer one "
-        "autograd node summing x's gradient in place (patches.lora_own_backward; on top of Liger with --train-liger)",
+        help="also time the profiled training step with rows right-aligned and each LoRA layer one autograd node "
+        "summing x's gradient in place (patches.lora_own_backward, adopted; on top of Liger with --train-liger)",
     )
     ap.add_argument(
         "--no-pack",

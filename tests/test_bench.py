@@ -246,17 +246,20 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     assert not list((tmp_path / "again").glob("*.log")), "--rows starts no job"
 
 
-def test_share_packed_rows_and_lora_backward_reach_a_lone_run_and_the_table(tmp_path):
+def test_share_packed_rows_and_lora_layouts_reach_a_lone_run_and_the_table(tmp_path):
     """--packed-rows: a lone run's loss rows go through ``patches.packed_rows`` (its SDPA-a-row path on a
-    CPU); --lora-backward: its LoRA layers through ``patches.lora_own_backward``. The row records both
-    (the second as the number of layers switched) and the table says so."""
-    res = _share(tmp_path, "--plan", "raft", "--packed-rows", "--lora-backward")
+    CPU); its LoRA layers run their own backward (``patches.lora_own_backward``) unless --autograd-lora.
+    The row records both (the second as how many layers are on it) and the table says so."""
+    res = _share(tmp_path, "--plan", "raft", "--packed-rows")
     (row,) = res["rows"]
     assert row["packed_rows"] == [True] and row["masked_rows"] == [False] and row["events"][0] >= 3
     (switched,) = row["lora_backward"]
     assert switched > 0 and switched % 7 == 0, switched  # the 7 LoRA targets of every layer
     text = (tmp_path / "share.md").read_text()
-    assert "packed rows" in text and "LoRA's own backward" in text
+    assert "packed rows" in text and "LoRA through autograd" not in text
+    res = _share(tmp_path / "before", "--plan", "raft", "--autograd-lora")
+    assert res["rows"][0]["lora_backward"] == [0]
+    assert "LoRA through autograd" in (tmp_path / "before" / "share.md").read_text()
 
 
 def test_share_refuses_an_unknown_cohort_arm_before_running_anything(tmp_path):
