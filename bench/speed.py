@@ -552,9 +552,8 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     trainer.right_align_rows = False  # TRL's left-padded rows under a mask, as every round before; a variant below
     from talkmethods.training.patches import lora_own_backward
 
-    lora_own_backward(
-        model, on=False
-    )  # LoRA's backward through autograd's graph, as before round eighteen; a variant below
+    # LoRA's backward through autograd's graph, as before round eighteen (apply_patches' node is a variant below)
+    lora_own_backward(model, on=False)
     patched = [
         type(m).__name__
         for m in model.modules()
