@@ -137,22 +137,23 @@ def test_one_job_per_run_plans_one_eval_job_a_run(tmp_path):
 
 def test_a_cohort_overlay_plans_one_training_job_an_arm(tmp_path):
     """cohort.yaml (train.cohort: grpo, raft, mixed): those arms' seeds as one job each, ada's a job a seed;
-    the evals and curves stay a run's each. A one-seed target of a cohort arm trains the arm's three."""
+    the evals (one job a run: eval.one_job_per_run) and curves stay a run's each. A one-seed target of a
+    cohort arm trains the arm's three."""
     overlays = (REPO / "cohort.yaml",)
     res = snakemake(["-n", "results/card.png"], tmp_path, overlays=overlays)
     assert res.returncode == 0, res.stderr[-3000:]
     counts = job_counts(res.stdout + res.stderr)
     n = len(ARMS) * len(SEEDS)
     assert counts["train_cohort"] == len(ARMS) - 1 and counts["train"] == len(SEEDS), counts
-    assert counts["eval_run"] == n * len(KINDS) and counts["train_curve"] == n, counts
+    assert counts["eval_run_kinds"] == n and "eval_run" not in counts and counts["train_curve"] == n, counts
     res = snakemake(["-n", "results/raft/seed17/eval.json"], tmp_path, overlays=overlays)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout + res.stderr
-    assert job_counts(out) == {"split": 1, "warmstart": 1, "train_cohort": 1, "eval_run": 1}
+    assert job_counts(out) == {"split": 1, "warmstart": 1, "train_cohort": 1, "eval_run_kinds": 1}
     assert all(f"results/raft/seed{s}/adapter" in out for s in SEEDS)
     res = snakemake(["-n", "results/ada/seed18/eval.json"], tmp_path, overlays=overlays)  # not in the list
     assert res.returncode == 0, res.stderr[-3000:]
-    assert job_counts(res.stdout + res.stderr) == {"split": 1, "warmstart": 1, "train": 1, "eval_run": 1}
+    assert job_counts(res.stdout + res.stderr) == {"split": 1, "warmstart": 1, "train": 1, "eval_run_kinds": 1}
     every = tmp_path / "every.yaml"  # train.cohort: true, every arm
     every.write_text("train: {cohort: true}\n")
     res = snakemake(["-n", "results/card.png"], tmp_path, overlays=(every,))
