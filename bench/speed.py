@@ -726,41 +726,38 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         log.info("patched step: %s", res)  # in the log as it comes (a section cut short writes no json)
         return res
 
+    def patched(switch, record_failure: bool = True) -> dict:
+        """The step with ``switch(True)``, timed and profiled, then ``switch(False)``. An experiment's failure
+        (e.g. a torch whose varlen kernel has no backward) is recorded as its error unless ``record_failure``
+        is off, so the section's other results are kept."""
+        switch(True)
+        try:
+            return {**measured(2), **_kernel_summary(step, device)}
+        except Exception as e:  # noqa: BLE001
+            if not record_failure:
+                raise
+            return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        finally:
+            switch(False)
+
     def aligned() -> dict:
         """The step with each row's pads after its tokens and no attention mask (``patches.right_aligned_rows``)."""
-        trainer.right_align_rows = True
-        try:
-            res = {**measured(2), **_kernel_summary(step, device)}
-        finally:
-            trainer.right_align_rows = False
-        return res
+        return patched(lambda on: setattr(trainer, "right_align_rows", on), record_failure=False)
 
     def packed() -> dict:
         """The step with each micro-batch's rows as one row of real tokens, no pads (``patches.packed_rows``)."""
-        trainer.pack_rows = True
-        try:
-            res = {**measured(2), **_kernel_summary(step, device)}
-        except Exception as e:  # noqa: BLE001 (an experiment: e.g. a torch whose varlen kernel has no backward)
-            res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        finally:
-            trainer.pack_rows = False
-        return res
+        return patched(lambda on: setattr(trainer, "pack_rows", on))
 
     def lora_backward() -> dict:
         """The aligned step with each LoRA layer one autograd node, x's gradient summed in place
         (``patches.lora_own_backward``)."""
         from talkmethods.training.patches import lora_own_backward
 
-        trainer.right_align_rows = True
-        lora_own_backward(model)
-        try:
-            res = {**measured(2), **_kernel_summary(step, device)}
-        except Exception as e:  # noqa: BLE001 (an experiment: keep the section's other results)
-            res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        finally:
-            lora_own_backward(model, on=False)
-            trainer.right_align_rows = False
-        return res
+        def switch(on: bool) -> None:
+            trainer.right_align_rows = on
+            lora_own_backward(model, on)
+
+        return patched(switch)
 
     if args.train_liger:  # Liger's kernels patched in one at a time, cumulatively (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2

@@ -553,24 +553,35 @@ def test_right_aligned_rows_give_the_fused_head_s_numbers():
     probe.remove()
 
 
-def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16():
-    """``fuse_lora_adds`` reads PEFT's LoRA internals (lora_A/B, scaling, lora_variant, lora_dropout,
-    active_adapters, merged, disable_adapters): same logits and gradients as PEFT's own forward."""
+def _tiny_model_and_lora_that_acts():
+    """The offline tiny model (fp32) and a copy of it under the recipe's LoRA targets (r 8, alpha 16) whose
+    B matrices are random, so the adapter changes the logits (a fresh one's B is zero)."""
     import copy
 
     from peft import LoraConfig, get_peft_model
 
     from talkmethods.models import ModelSpec, load_model
     from talkmethods.training.build import LORA_TARGETS
-    from talkmethods.training.patches import fuse_lora_adds
 
     torch.manual_seed(0)
     base = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
-    want_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS)))
+    model = get_peft_model(copy.deepcopy(base), LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS)))
     with torch.no_grad():
-        for name, p in want_model.named_parameters():
+        for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.1)
+    return base, model
+
+
+def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16():
+    """``fuse_lora_adds`` reads PEFT's LoRA internals (lora_A/B, scaling, lora_variant, lora_dropout,
+    active_adapters, merged, disable_adapters): same logits and gradients as PEFT's own forward."""
+    import copy
+
+    from talkmethods.training.build import LORA_TARGETS
+    from talkmethods.training.patches import fuse_lora_adds
+
+    base, want_model = _tiny_model_and_lora_that_acts()
     got_model = copy.deepcopy(want_model)
     assert fuse_lora_adds(got_model) == len(LORA_TARGETS) * base.config.num_hidden_layers
     assert fuse_lora_adds(got_model) == 0  # once only
@@ -607,19 +618,10 @@ def test_lora_own_backward_is_autograd_s_maths():
     bf16 rounding moves), the adapter's gradients in its own dtype, and off again gives autograd's graph."""
     import copy
 
-    from peft import LoraConfig, get_peft_model
-
-    from talkmethods.models import ModelSpec, load_model
     from talkmethods.training.build import LORA_TARGETS
     from talkmethods.training.patches import _LoraProduct, fuse_lora_adds, lora_own_backward
 
-    torch.manual_seed(0)
-    base = load_model(ModelSpec("offline-tiny-qwen2"), torch.float32)
-    want_model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS)))
-    with torch.no_grad():
-        for name, p in want_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.1)
+    base, want_model = _tiny_model_and_lora_that_acts()
     fuse_lora_adds(want_model)
     got_model = copy.deepcopy(want_model)
     n_layers = len(LORA_TARGETS) * base.config.num_hidden_layers
@@ -635,7 +637,7 @@ def test_lora_own_backward_is_autograd_s_maths():
         nodes = []
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             logits = model(ids).logits
-        node, seen, todo = logits.grad_fn, set(), [logits.grad_fn]
+        seen, todo = set(), [logits.grad_fn]
         while todo:  # the graph's node types: which LoRA path ran
             node = todo.pop()
             if node is None or node in seen:
@@ -656,12 +658,11 @@ def test_lora_own_backward_is_autograd_s_maths():
         assert got_grads[name].dtype == torch.float32
         assert torch.allclose(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6), name
 
-    # bf16 autocast, base in bf16, adapter in fp32 (the GPU recipe): both against the fp32 gradients
-    _, ref_grads, _ = run(copy.deepcopy(want_model), torch.float32)
+    # bf16 autocast, base in bf16, adapter in fp32 (the GPU recipe): both against the fp32 gradients above
     _, want_bf, _ = run(want_model, torch.bfloat16)
-    got_logits, got_bf, _ = run(got_model, torch.bfloat16)
+    _, got_bf, _ = run(got_model, torch.bfloat16)
     flat = lambda g: torch.cat([g[n].flatten() for n in sorted(g)])  # noqa: E731
-    ref = flat(ref_grads)
+    ref = flat(want_grads)
     err_want = float((flat(want_bf) - ref).norm() / ref.norm())
     err_got = float((flat(got_bf) - ref).norm() / ref.norm())
     assert all(g.dtype == torch.float32 for g in got_bf.values())
