@@ -275,6 +275,8 @@ def worker(args) -> None:
                 self.last = last
 
             def on_step_end(self, _args, state, control, **k):
+                if "own_backward" not in holder:  # the cohort's LoRA layers on their own backward (apply_patches)
+                    holder["own_backward"] = sum(bool(m.__dict__.get("_own_backward")) for m in k["model"].modules())
                 if self.last and not holder.get("stop"):
                     event()
                     done = _past(deadline) if deadline is not None else len(ends) >= args.steps
@@ -300,6 +302,7 @@ def worker(args) -> None:
                 callbacks=[[CohortStepEnds(s == seeds[-1])] for s in seeds],
             )
             liger, micro_batches = cfg.liger_kernels and cuda, cfg.micro_batches  # --idle-profile: lone runs only
+            own_backward = holder.get("own_backward", 0)
         else:
             from talkmethods.training.runs import StepLog
 

@@ -170,6 +170,8 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     for row in (cohort, stacked):  # three seeds' chats an event
         assert row["events"] == [3] and row["interval_s"][0] > 0
     assert trio["events"] == [3] and trio["interval_s"][0] > 0 and trio["steps_per_s"] > 0  # a step of three seeds
+    # a cohort's LoRA layers run their own backward too (apply_patches), as a lone run's
+    assert trio["lora_backward"] == one["lora_backward"] and one["lora_backward"][0] > 0
     # --profile-events past the job's end: the events profiled until then
     assert "training_step" in (tmp_path / "plain_grpo_0.events.txt").read_text()
     assert "play_chats" in (tmp_path / "plain_rollout_0.events.txt").read_text()
