@@ -75,6 +75,8 @@ PATCHED_STEPS = (
     "liger+packed",
     "aligned+lora-bwd",
     "liger+aligned+lora-bwd",
+    "aligned+lora-groups",
+    "liger+aligned+lora-groups",
 )
 
 
@@ -607,6 +609,7 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
         or args.train_aligned
         or args.train_packed
         or args.train_lora_backward
+        or args.train_lora_groups
     ):
         res.update(_train_variants(trainer, batch, parts, step, device, args))
     log.info("%s", res)
@@ -759,6 +762,19 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
 
         return patched(switch)
 
+    def lora_groups() -> dict:
+        """The aligned step on LoRA's own backward with q/k/v and gate/up one node each, x read once a group
+        and its gradient summed over the group in place (``patches.lora_groups``)."""
+        from talkmethods.training.patches import lora_groups as groups
+        from talkmethods.training.patches import lora_own_backward
+
+        def switch(on: bool) -> None:
+            trainer.right_align_rows = on
+            lora_own_backward(model, on)
+            groups(model, on)
+
+        return patched(switch)
+
     if args.train_liger:  # Liger's kernels patched in one at a time, cumulatively (not the LM head or loss)
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
@@ -794,6 +810,8 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
             out["liger+packed"] = packed()
         if args.train_lora_backward:
             out["liger+aligned+lora-bwd"] = lora_backward()
+        if args.train_lora_groups:
+            out["liger+aligned+lora-groups"] = lora_groups()
         _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
     else:
         if args.train_aligned:
@@ -802,6 +820,8 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
             out["packed"] = packed()
         if args.train_lora_backward:
             out["aligned+lora-bwd"] = lora_backward()
+        if args.train_lora_groups:
+            out["aligned+lora-groups"] = lora_groups()
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)
@@ -1083,6 +1103,12 @@ def main(argv: list[str] | None = None) -> None:
         "summing x's gradient in place (patches.lora_own_backward, adopted; on top of Liger with --train-liger)",
     )
     ap.add_argument(
+        "--train-lora-groups",
+        action="store_true",
+        help="experiment: also time the step of --train-lora-backward with q/k/v and gate/up one autograd node "
+        "each (patches.lora_groups: x read once a group, its gradient summed over the group in place)",
+    )
+    ap.add_argument(
         "--no-pack",
         dest="pack_seats",
         action="store_false",
@@ -1321,6 +1347,7 @@ def table(res: dict) -> str:
                 "aligned": "rows' pads after their tokens, no attention mask",
                 "packed": "rows as one row, no pads",
                 "lora-bwd": "rows aligned, each LoRA layer one autograd node",
+                "lora-groups": "rows aligned, q/k/v and gate/up one autograd node each",
             }
             for name in PATCHED_STEPS[1:]:
                 if t.get(name, {}).get("by_kind_ms"):  # (a CPU's profile lists no GPU kernels)

@@ -9,6 +9,7 @@ upgrade fails with a message saying what to re-check instead of silently trainin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 import re
@@ -573,6 +574,34 @@ def _tiny_model_and_lora_that_acts():
     return base, model
 
 
+def _logits_grads_nodes(model, dtype, ids):
+    """``model``'s logits on ``ids`` (fp32, or bf16 autocast with the adapter kept fp32), its gradients of a
+    logsumexp loss, and the type names of its graph's nodes (which LoRA path ran)."""
+    model.zero_grad()
+    model.to(dtype)
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()  # the adapter stays fp32, as PEFT keeps it under bf16 autocast
+    nodes = []
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        logits = model(ids).logits
+    seen, todo = set(), [logits.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        nodes.append(type(node).__name__)
+        todo += [n for n, _ in node.next_functions]
+    logits.float().logsumexp(-1).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach().float(), grads, nodes
+
+
+def _flat(grads: dict) -> torch.Tensor:
+    return torch.cat([grads[n].flatten() for n in sorted(grads)])
+
+
 def test_fused_lora_forward_is_peft_s_sum_exactly_in_fp32_and_to_an_ulp_in_bf16():
     """``fuse_lora_adds`` reads PEFT's LoRA internals (lora_A/B, scaling, lora_variant, lora_dropout,
     active_adapters, merged, disable_adapters): same logits and gradients as PEFT's own forward."""
@@ -627,28 +656,7 @@ def test_lora_own_backward_is_autograd_s_maths():
     n_layers = len(LORA_TARGETS) * base.config.num_hidden_layers
     assert lora_own_backward(got_model) == n_layers
     ids = torch.randint(0, 1000, (2, 19))
-
-    def run(model, dtype):
-        model.zero_grad()
-        model.to(dtype)
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.data = p.data.float()  # the adapter stays fp32, as PEFT keeps it under bf16 autocast
-        nodes = []
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            logits = model(ids).logits
-        seen, todo = set(), [logits.grad_fn]
-        while todo:  # the graph's node types: which LoRA path ran
-            node = todo.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            nodes.append(type(node).__name__)
-            todo += [n for n, _ in node.next_functions]
-        logits.float().logsumexp(-1).sum().backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        return logits.detach().float(), grads, nodes
-
+    run = functools.partial(_logits_grads_nodes, ids=ids)
     want, want_grads, want_nodes = run(want_model, torch.float32)
     got, got_grads, got_nodes = run(got_model, torch.float32)
     assert got_nodes.count("_LoraProductBackward") == n_layers and "_LoraProductBackward" not in want_nodes
@@ -661,10 +669,9 @@ def test_lora_own_backward_is_autograd_s_maths():
     # bf16 autocast, base in bf16, adapter in fp32 (the GPU recipe): both against the fp32 gradients above
     _, want_bf, _ = run(want_model, torch.bfloat16)
     _, got_bf, _ = run(got_model, torch.bfloat16)
-    flat = lambda g: torch.cat([g[n].flatten() for n in sorted(g)])  # noqa: E731
-    ref = flat(want_grads)
-    err_want = float((flat(want_bf) - ref).norm() / ref.norm())
-    err_got = float((flat(got_bf) - ref).norm() / ref.norm())
+    ref = _flat(want_grads)
+    err_want = float((_flat(want_bf) - ref).norm() / ref.norm())
+    err_got = float((_flat(got_bf) - ref).norm() / ref.norm())
     assert all(g.dtype == torch.float32 for g in got_bf.values())
     print(f"bf16 gradients from fp32: autograd {err_want:.3e}, own backward {err_got:.3e}")
     assert 0 < err_got <= 1.5 * err_want, (err_got, err_want)  # as exact as autograd's bf16 graph, to rounding
@@ -673,6 +680,62 @@ def test_lora_own_backward_is_autograd_s_maths():
     got_model.float()
     *_, nodes = run(got_model, torch.float32)
     assert "_LoraProductBackward" not in nodes and issubclass(_LoraProduct, torch.autograd.Function)
+
+
+def test_lora_groups_are_one_node_each_with_autograd_s_maths():
+    """``patches.lora_groups``: q/k/v and gate/up as one ``_LoraGroup`` node each (o/down stay one
+    ``_LoraProduct`` each), with autograd's logits and gradients (fp32: to rounding; bf16 autocast: within
+    what bf16 rounding moves). Pins Qwen2's call order the groups lean on: the group's first layer first,
+    the others on the same input. Another order still gives the same numbers; off again, no group node."""
+    import copy
+
+    from talkmethods.training.patches import fuse_lora_adds, lora_groups, lora_own_backward
+
+    base, want_model = _tiny_model_and_lora_that_acts()
+    fuse_lora_adds(want_model)
+    got_model = copy.deepcopy(want_model)
+    layers = base.config.num_hidden_layers
+    lora_own_backward(got_model)
+    assert lora_groups(got_model) == 2 * layers
+    run = functools.partial(_logits_grads_nodes, ids=torch.randint(0, 1000, (2, 19)))
+
+    want, want_grads, want_nodes = run(want_model, torch.float32)
+    got, got_grads, got_nodes = run(got_model, torch.float32)
+    assert got_nodes.count("_LoraGroupBackward") == 2 * layers  # Qwen2 still calls q, k, v (gate, up) in order
+    assert got_nodes.count("_LoraProductBackward") == 2 * layers  # o_proj and down_proj on their own
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert want_grads.keys() == got_grads.keys()
+    for name in want_grads:
+        assert got_grads[name].dtype == torch.float32
+        assert torch.allclose(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6), name
+    no_stash = [n for n, m in got_model.named_modules() if "_group_output" in m.__dict__]
+    assert not no_stash, no_stash  # every layer took its output back: nothing held past the forward
+
+    _, want_bf, _ = run(want_model, torch.bfloat16)
+    _, got_bf, _ = run(got_model, torch.bfloat16)
+    ref = _flat(want_grads)
+    err_want = float((_flat(want_bf) - ref).norm() / ref.norm())
+    err_got = float((_flat(got_bf) - ref).norm() / ref.norm())
+    print(f"bf16 gradients from fp32: autograd {err_want:.3e}, LoRA groups {err_got:.3e}")
+    assert all(g.dtype == torch.float32 for g in got_bf.values())
+    assert 0 < err_got <= 1.5 * err_want, (err_got, err_want)
+
+    # another order (v, then q, k): v computes its own sum, q's group leaves v an output it never takes
+    got_model.float(), want_model.float()
+    got_attn, want_attn = (m.base_model.model.model.layers[0].self_attn for m in (got_model, want_model))
+    x = torch.randn(2, 5, base.config.hidden_size)
+    v = got_attn.v_proj(x)
+    q, k = got_attn.q_proj(x), got_attn.k_proj(x)
+    for got_y, want_y in zip((q, k, v), (want_attn.q_proj(x), want_attn.k_proj(x), want_attn.v_proj(x)), strict=True):
+        assert torch.allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
+    assert "_group_output" in got_attn.v_proj.__dict__  # the output v did not take back ...
+    x_next = x + 1
+    assert torch.allclose(got_attn.v_proj(x_next), want_attn.v_proj(x_next), rtol=1e-5, atol=1e-6)
+    assert "_group_output" not in got_attn.v_proj.__dict__  # ... is dropped, never returned for another input
+
+    assert lora_groups(got_model, on=False) == 2 * layers
+    *_, nodes = run(got_model, torch.float32)
+    assert "_LoraGroupBackward" not in nodes and nodes.count("_LoraProductBackward") == 7 * layers
 
 
 IMPORT_THEN_BUILD = """

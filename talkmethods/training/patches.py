@@ -368,11 +368,8 @@ def lora_inputs_uncast(model, autocast_bf16: bool):
             m.cast_input_dtype_enabled = was
 
 
-def _lora_forward(self, x, *args, **kwargs):
-    """PEFT's vanilla LoRA forward, ``base(x) + s·B(A(x))``, with the scaling applied to the r-wide
-    ``A(x)`` and the add fused into the B product (``addmm``): two full-width elementwise passes a layer
-    fewer, forward and backward. Anything but a plain single-adapter call goes to PEFT's own forward.
-    """
+def _plain_adapter(self, x, args=(), kwargs=None) -> str | None:
+    """The adapter a fused LoRA layer's call runs through ``_lora_forward``'s own sum, or None (PEFT's forward)."""
     name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
     if (
         args
@@ -391,10 +388,34 @@ def _lora_forward(self, x, *args, **kwargs):
             == self.base_layer.weight.dtype
         )
     ):
+        return None
+    return name
+
+
+def _own_backward(self) -> bool:
+    """``lora_own_backward`` is on for this layer and its base is frozen (a trained base keeps autograd's)."""
+    return bool(self.__dict__.get("_own_backward")) and not any(p.requires_grad for p in self.base_layer.parameters())
+
+
+def _lora_forward(self, x, *args, **kwargs):
+    """PEFT's vanilla LoRA forward, ``base(x) + s·B(A(x))``, with the scaling applied to the r-wide
+    ``A(x)`` and the add fused into the B product (``addmm``): two full-width elementwise passes a layer
+    fewer, forward and backward. Anything but a plain single-adapter call goes to PEFT's own forward.
+    """
+    stash = self.__dict__.pop("_group_output", None)
+    if stash is not None and stash[0] is x:  # lora_groups: this layer's output, made with its group's first
+        return stash[1]
+    name = _plain_adapter(self, x, args, kwargs)
+    if name is None:
         return type(self).forward(self, x, *args, **kwargs)
     base = self.base_layer
-    if self.__dict__.get("_own_backward") and not any(p.requires_grad for p in base.parameters()):
-        # lora_own_backward: one autograd node, x's gradient summed in place (a trained base keeps autograd's)
+    if _own_backward(self):
+        group = self.__dict__.get("_lora_group")
+        if group is not None:
+            names = [_plain_adapter(m, x) for m in group[1:]]
+            if all(n is not None and _own_backward(m) for m, n in zip(group[1:], names, strict=True)):
+                return _group_forward(x, group, [name, *names])
+        # lora_own_backward: one autograd node, x's gradient summed in place
         return _LoraProduct.apply(
             x, base.weight, base.bias, self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name]
         )
@@ -456,6 +477,108 @@ class _LoraProduct(torch.autograd.Function):
                 dx = (dy2 @ w).addmm_(dh, a)  # the LoRA part summed into the base part in place
                 dx = dx.view(*shape, dx.size(-1)).to(x_dt)
         return dx, None, None, da, db, None
+
+
+def _group_forward(x, group: list, names: list[str]):
+    """``group``'s layers on their common input ``x`` as one ``_LoraGroup`` node; the first layer's output
+    is returned, each other layer's is left for its own call (``_lora_forward`` takes it back if its input
+    is this ``x``, the same tensor)."""
+    params = []
+    for m, n in zip(group, names, strict=True):
+        params += [m.base_layer.weight, m.base_layer.bias, m.lora_A[n].weight, m.lora_B[n].weight]
+    outs = _LoraGroup.apply(x, tuple(m.scaling[n] for m, n in zip(group, names, strict=True)), *params)
+    for m, y in zip(group[1:], outs[1:], strict=True):
+        m._group_output = (x, y)
+    return outs[0]
+
+
+class _LoraGroup(torch.autograd.Function):
+    """Several LoRA layers that read one input (q/k/v; gate/up) as one node: ``_LoraProduct``'s sums, and
+    x's gradient summed over the whole group in place.
+
+    Under ``_LoraProduct`` autograd still adds the group's input gradients (one per layer) into one,
+    and each layer reads x again for its own ``x·Aᵀ``, forward and backward. Here the ``A`` products
+    are one product with the group's ``A`` stacked (``x`` read once, forward and backward) and every
+    layer's part of x's gradient is summed into the first's in place (``addmm_``): for q/k/v two
+    full-width adds fewer a layer, for gate/up one. Otherwise the maths is ``_LoraProduct``'s: the
+    compute dtype's products, the adapter's gradients in the adapter's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, x, scalings: tuple, *params):
+        ws, biases, las, lbs = params[0::4], params[1::4], params[2::4], params[3::4]
+        dt = _compute_dtype(x, ws[0])
+        shape = x.shape[:-1]
+        x2 = x.reshape(-1, x.size(-1)).to(dt)
+        w, b = [t.to(dt) for t in ws], [t.to(dt) for t in lbs]
+        a = torch.cat([t.to(dt) for t in las])  # the group's A stacked: one product for every layer's x·Aᵀ
+        ranks = [t.size(0) for t in las]
+        with torch.autocast(x.device.type, enabled=False):
+            h = x2 @ a.t()
+            outs = []
+            for wi, bias, hi, bi, s in zip(w, biases, h.split(ranks, 1), b, scalings, strict=True):
+                y = F.linear(x2, wi, None if bias is None else bias.to(dt))
+                outs.append(y.addmm_(hi, bi.t(), alpha=s).view(*shape, y.size(-1)))
+        ctx.save_for_backward(x2, h, a, *w, *b)
+        ctx.scalings, ctx.ranks, ctx.n = scalings, ranks, len(ws)
+        ctx.dtypes = (x.dtype, [t.dtype for t in las], [t.dtype for t in lbs])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x2, h, a, *rest = ctx.saved_tensors
+        n, scalings, ranks = ctx.n, ctx.scalings, ctx.ranks
+        w, b = rest[:n], rest[n:]
+        x_dt, a_dts, b_dts = ctx.dtypes
+        need = ctx.needs_input_grad  # (x, scalings, then weight, bias, A, B a layer)
+        shape = dys[0].shape[:-1]
+        dy2 = [dy.reshape(-1, dy.size(-1)).to(w[0].dtype) for dy in dys]
+        grads: list = [None] * (4 * n)
+        dx = None
+        with torch.autocast(dys[0].device.type, enabled=False):
+            dh = torch.cat([(d @ bi).mul_(s) for d, bi, s in zip(dy2, b, scalings, strict=True)], 1)
+            da = dh.t() @ x2 if any(need[4::4]) else None
+            for i, (d, hi, s) in enumerate(zip(dy2, h.split(ranks, 1), scalings, strict=True)):
+                if need[2 + 4 * i + 3]:
+                    grads[4 * i + 3] = (d.t() @ hi).mul_(s).to(b_dts[i])
+            if da is not None:
+                for i, dai in enumerate(da.split(ranks, 0)):
+                    grads[4 * i + 2] = dai.to(a_dts[i]) if need[2 + 4 * i + 2] else None
+            if need[0]:
+                dx = dy2[0] @ w[0]
+                for d, wi in zip(dy2[1:], w[1:], strict=True):
+                    dx.addmm_(d, wi)  # each layer's part summed into the first's in place
+                dx = dx.addmm_(dh, a).view(*shape, dx.size(-1)).to(x_dt)
+        return dx, None, *grads
+
+
+LORA_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # Qwen2's layers that read one input
+
+
+def lora_groups(model, on: bool = True) -> int:
+    """Make each group of fused LoRA layers that read one input (``LORA_GROUPS``: attention's q/k/v, the
+    MLP's gate/up) one ``_LoraGroup`` node, or undo it; returns how many groups.
+
+    Acts where ``lora_own_backward`` is on. Leans on the order of Qwen2's calls: the group's first layer
+    (q_proj, gate_proj) is called first, the others after it on the same input tensor; a layer whose input
+    is another tensor computes its own sum as before, so another order costs speed, not numbers.
+    Contract: tests/test_trl_contract.py::test_lora_groups_are_one_node_each_with_autograd_s_maths.
+    """
+    n = 0
+    for module in model.modules():
+        for names in LORA_GROUPS:
+            layers = [getattr(module, k, None) for k in names]
+            if all(
+                m is not None and getattr(m.__dict__.get("forward"), "__func__", None) is _lora_forward for m in layers
+            ):
+                if on:
+                    layers[0]._lora_group = layers
+                else:
+                    layers[0].__dict__.pop("_lora_group", None)
+                for m in layers:
+                    m.__dict__.pop("_group_output", None)
+                n += 1
+    return n
 
 
 def lora_own_backward(model, on: bool = True) -> int:
