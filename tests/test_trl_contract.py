@@ -703,6 +703,10 @@ def test_lora_groups_are_one_node_each_with_autograd_s_maths():
     got, got_grads, got_nodes = run(got_model, torch.float32)
     assert got_nodes.count("_LoraGroupBackward") == 2 * layers  # Qwen2 still calls q, k, v (gate, up) in order
     assert got_nodes.count("_LoraProductBackward") == 2 * layers  # o_proj and down_proj on their own
+    # Liger's MLP (train.liger_kernels on a GPU) calls gate_proj before up_proj on the same x too
+    from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+
+    assert "(self.gate_proj(x), self.up_proj(x))" in inspect.getsource(LigerSwiGLUMLP.forward)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
     assert want_grads.keys() == got_grads.keys()
     for name in want_grads:
