@@ -166,6 +166,7 @@ def worker(args) -> None:
     step_logs: dict[str, list[dict]] = {}  # a training job's train_log lines, by run
     cuda = torch.cuda.is_available()
     own_backward = 0  # a lone run's LoRA layers on patches.lora_own_backward (0 with --autograd-lora)
+    groups = 0  # its LoRA groups on one node each (patches.lora_groups, --lora-groups)
 
     def event():
         if cuda:
@@ -277,6 +278,10 @@ def worker(args) -> None:
             def on_step_end(self, _args, state, control, **k):
                 if "own_backward" not in holder:  # the cohort's LoRA layers on their own backward (apply_patches)
                     holder["own_backward"] = sum(bool(m.__dict__.get("_own_backward")) for m in k["model"].modules())
+                    if args.lora_groups:  # from the second step (the first is a warm-up, not an event)
+                        from talkmethods.training.patches import lora_groups
+
+                        holder["groups"] = lora_groups(k["model"])
                 if self.last and not holder.get("stop"):
                     event()
                     done = _past(deadline) if deadline is not None else len(ends) >= args.steps
@@ -302,7 +307,7 @@ def worker(args) -> None:
                 callbacks=[[CohortStepEnds(s == seeds[-1])] for s in seeds],
             )
             liger, micro_batches = cfg.liger_kernels and cuda, cfg.micro_batches  # --idle-profile: lone runs only
-            own_backward = holder.get("own_backward", 0)
+            own_backward, groups = holder.get("own_backward", 0), holder.get("groups", 0)
         else:
             from talkmethods.training.runs import StepLog
 
@@ -321,6 +326,10 @@ def worker(args) -> None:
             # each LoRA layer one autograd node (patches.lora_own_backward, on in every trainer); --autograd-lora: the before
             switched = lora_own_backward(trainer.model, on=not args.autograd_lora)
             own_backward = 0 if args.autograd_lora else switched
+            if args.lora_groups:  # q/k/v and gate/up one node each (an experiment; needs the own backward)
+                from talkmethods.training.patches import lora_groups
+
+                groups = lora_groups(trainer.model)
             t_built = time.time()
             _end_profile(args)
             trainer.train()
@@ -341,6 +350,7 @@ def worker(args) -> None:
         "masked_rows": (bool(args.masked_rows) and args.job not in COHORTS) if micro_batches is not None else None,
         "packed_rows": (bool(args.packed_rows) and args.job not in COHORTS) if micro_batches is not None else None,
         "lora_backward": own_backward if micro_batches is not None else None,  # its LoRA layers on their own backward
+        "lora_groups": groups if micro_batches is not None else None,
         "micro_batches": micro_batches,
         "process_start": T_PROCESS,
         "start": t_start,
@@ -600,6 +610,7 @@ def run_config(jobs: list[str], mps: bool, args, out: Path) -> dict:
         "masked_rows": [r.get("masked_rows") for r in results],
         "packed_rows": [r.get("packed_rows") for r in results],
         "lora_backward": [r.get("lora_backward") for r in results],
+        "lora_groups": [r.get("lora_groups") for r in results],
         "micro_batches": args.micro_batches,
         "events": [len(r["ends"]) for r in results],
         "peak_allocated_gib": [r["peak_allocated_gib"] for r in results],
@@ -649,6 +660,7 @@ def _passthrough(args) -> list[str]:
         + (["--masked-rows"] if args.masked_rows else [])
         + (["--packed-rows"] if args.packed_rows else [])
         + (["--autograd-lora"] if args.autograd_lora else [])
+        + (["--lora-groups"] if args.lora_groups else [])
     )
 
 
@@ -698,6 +710,8 @@ def table(res: dict) -> str:
             fwd += ", packed rows"
         if 0 in (r.get("lora_backward") or []):
             fwd += ", LoRA through autograd"
+        if any(r.get("lora_groups") or []):
+            fwd += ", LoRA groups"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         start = (
             ", ".join(
@@ -894,6 +908,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="lone training jobs run LoRA's backward through autograd's graph (the layout before "
         "patches.lora_own_backward): the 'before' of a same-card A/B; cohorts keep the adopted node",
+    )
+    ap.add_argument(
+        "--lora-groups",
+        action="store_true",
+        help="experiment: training jobs run q/k/v and gate/up as one autograd node each (patches.lora_groups; "
+        "a cohort from its second step)",
     )
     ap.add_argument(
         "--plan",

@@ -250,8 +250,9 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
 
 def test_share_packed_rows_and_lora_layouts_reach_a_lone_run_and_the_table(tmp_path):
     """--packed-rows: a lone run's loss rows go through ``patches.packed_rows`` (its SDPA-a-row path on a
-    CPU); its LoRA layers run their own backward (``patches.lora_own_backward``) unless --autograd-lora.
-    The row records both (the second as how many layers are on it) and the table says so."""
+    CPU); its LoRA layers run their own backward (``patches.lora_own_backward``) unless --autograd-lora,
+    and their groups one node each with --lora-groups. The row records each (the LoRA ones as how many
+    layers or groups are on it) and the table says so."""
     res = _share(tmp_path, "--plan", "raft", "--packed-rows")
     (row,) = res["rows"]
     assert row["packed_rows"] == [True] and row["masked_rows"] == [False] and row["events"][0] >= 3
@@ -259,9 +260,16 @@ def test_share_packed_rows_and_lora_layouts_reach_a_lone_run_and_the_table(tmp_p
     assert switched > 0 and switched % 7 == 0, switched  # the 7 LoRA targets of every layer
     text = (tmp_path / "share.md").read_text()
     assert "packed rows" in text and "LoRA through autograd" not in text
+    assert row["lora_groups"] == [0] and "LoRA groups" not in text
     res = _share(tmp_path / "before", "--plan", "raft", "--autograd-lora")
     assert res["rows"][0]["lora_backward"] == [0]
     assert "LoRA through autograd" in (tmp_path / "before" / "share.md").read_text()
+    # --lora-groups: q/k/v and gate/up one node each, a lone run from its start, a cohort from its second step
+    res = _share(tmp_path / "groups", "--plan", "raft,cohort-raft", "--lora-groups")
+    for r in res["rows"]:
+        (layers,), (groups,) = r["lora_backward"], r["lora_groups"]
+        assert groups == 2 * layers // 7 > 0, r  # two groups a decoder layer, seven LoRA layers a decoder layer
+    assert "LoRA groups" in (tmp_path / "groups" / "share.md").read_text()
 
 
 def test_share_refuses_an_unknown_cohort_arm_before_running_anything(tmp_path):
