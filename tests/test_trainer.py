@@ -311,6 +311,34 @@ def test_lora_own_backward_does_not_change_the_update(tmp_path):
     _assert_same_update(mine, autograd)
 
 
+def test_lora_groups_do_not_change_the_update(tmp_path):
+    """q/k/v and gate/up as one autograd node each (``patches.lora_groups``, on top of LoRA's own backward):
+    the same SGD update as one node a layer, and the loss's backward really went through the group node."""
+    from talkmethods.training.patches import lora_groups
+
+    ran = {}
+
+    def grouped(on):
+        def prepare(trainer):
+            assert lora_groups(trainer.model, on) == 2 * trainer.lora_layers_fused // 7 > 0
+            seen = ran.setdefault(on, [])
+
+            def probe(module, args, output):
+                if torch.is_grad_enabled():  # the loss's forwards, not the rollout's
+                    seen.append(type(output.grad_fn).__name__ if output.grad_fn is not None else None)
+
+            q_proj = next(m for n, m in trainer.model.named_modules() if n.endswith("self_attn.q_proj"))
+            q_proj.register_forward_hook(probe)
+
+        return prepare
+
+    _, mine = _sgd_update(tmp_path / "groups", grouped(True))
+    _, apart = _sgd_update(tmp_path / "apart", grouped(False))
+    assert ran[True] and set(ran[True]) == {"_LoraGroupBackward"}, ran[True]
+    assert ran[False] and set(ran[False]) == {"_LoraProductBackward"}, ran[False]
+    _assert_same_update(mine, apart)
+
+
 def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):
     """Off-policy splits are refused: one rollout must make exactly one optimizer step."""
     import talkmethods.training.build as build_mod
