@@ -23,10 +23,10 @@ def parity_judge(turn, problem) -> bool:
     return turn.completion_ids[0] % 2 == 0
 
 
-def _cohort_run(tmp_path, steps=2, judge=parity_judge, **fields):
+def _cohort_run(tmp_path, steps=2, judge=parity_judge, arm="grpo", **fields):
     cfgs = [
         train_config(
-            arm="grpo",
+            arm=arm,
             seed=s,
             model=ModelSpec("offline-tiny-qwen2"),
             steps=steps,
@@ -84,6 +84,28 @@ def test_a_cohort_trains_each_seed_on_its_own_chats_from_one_engine_call_a_turn(
     b = {s: torch.cat([p.flatten() for n, p in sorted(adapters[s].items()) if "lora_B" in n]) for s in SEEDS}
     assert all(bool(v.abs().sum() > 0) for v in b.values())  # trained
     assert not torch.equal(b[17], b[18]) and not torch.equal(b[18], b[19])  # each its own
+
+
+def test_an_ada_cohort_plays_every_seed_s_replays_drawn_ahead_in_one_engine_call(tmp_path, monkeypatch):
+    """Reinforce-Ada's seeds as one cohort: each step, every seed's 2 problems x 16 chats (4 rounds drawn
+    ahead) in one joint call; each seed counts the chats its rule reached (all 16 where a problem stays
+    uniform: a judge that never grades right) and trains on its own 4 kept a problem."""
+    calls = []
+    real = cohort_mod.Cohort._play_all
+
+    def spy(self, requests):
+        calls.append({n: len(r[0]) for n, r in requests.items()})
+        return real(self, requests)
+
+    monkeypatch.setattr(cohort_mod.Cohort, "_play_all", spy)
+    results, out = _cohort_run(tmp_path, arm="ada", judge=lambda turn, problem: False)
+    assert calls == [{f"seed{s}": 32 for s in SEEDS}] * 2
+    assert [r["steps"] for r in results] == [2, 2, 2]
+    for s in SEEDS:
+        logs = [json.loads(line) for line in (out[s] / "train_log.jsonl").read_text().splitlines()]
+        assert [line["chats_drawn"] for line in logs] == [32.0, 32.0], logs  # every round: still uniform
+        assert [line["rows"] for line in logs] == [32.0, 32.0], logs  # 2 problems x 4 kept chats x 4 turns
+        assert all(line["logp_diff_max"] < 1e-4 for line in logs), logs
 
 
 def test_a_cohort_that_failed_after_a_checkpoint_resumes_every_seed_from_its_own(tmp_path):
