@@ -166,7 +166,7 @@ def worker(args) -> None:
     step_logs: dict[str, list[dict]] = {}  # a training job's train_log lines, by run
     cuda = torch.cuda.is_available()
     own_backward = 0  # a lone run's LoRA layers on patches.lora_own_backward (0 with --autograd-lora)
-    groups = 0  # its LoRA groups on one node each (patches.lora_groups, --lora-groups)
+    groups = 0  # its LoRA groups on one node each (patches.lora_groups; 0 with --lora-ungrouped)
 
     def event():
         if cuda:
@@ -277,11 +277,13 @@ def worker(args) -> None:
 
             def on_step_end(self, _args, state, control, **k):
                 if "own_backward" not in holder:  # the cohort's LoRA layers on their own backward (apply_patches)
-                    holder["own_backward"] = sum(bool(m.__dict__.get("_own_backward")) for m in k["model"].modules())
-                    if args.lora_groups:  # from the second step (the first is a warm-up, not an event)
+                    model = k["model"]
+                    holder["own_backward"] = sum(bool(m.__dict__.get("_own_backward")) for m in model.modules())
+                    if args.lora_ungrouped:  # from the second step (the first is a warm-up, not an event)
                         from talkmethods.training.patches import lora_groups
 
-                        holder["groups"] = lora_groups(k["model"])
+                        lora_groups(model, on=False)
+                    holder["groups"] = sum("_lora_group" in m.__dict__ for m in model.modules())
                 if self.last and not holder.get("stop"):
                     event()
                     done = _past(deadline) if deadline is not None else len(ends) >= args.steps
@@ -326,10 +328,11 @@ def worker(args) -> None:
             # each LoRA layer one autograd node (patches.lora_own_backward, on in every trainer); --autograd-lora: the before
             switched = lora_own_backward(trainer.model, on=not args.autograd_lora)
             own_backward = 0 if args.autograd_lora else switched
-            if args.lora_groups:  # q/k/v and gate/up one node each (an experiment; needs the own backward)
-                from talkmethods.training.patches import lora_groups
+            from talkmethods.training.patches import lora_groups
 
-                groups = lora_groups(trainer.model)
+            # q/k/v and gate/up one node each (patches.lora_groups, on in every trainer); --lora-ungrouped: the before
+            grouped = lora_groups(trainer.model, on=not args.lora_ungrouped)
+            groups = 0 if args.lora_ungrouped or args.autograd_lora else grouped  # (groups act on the own backward)
             t_built = time.time()
             _end_profile(args)
             trainer.train()
@@ -660,7 +663,7 @@ def _passthrough(args) -> list[str]:
         + (["--masked-rows"] if args.masked_rows else [])
         + (["--packed-rows"] if args.packed_rows else [])
         + (["--autograd-lora"] if args.autograd_lora else [])
-        + (["--lora-groups"] if args.lora_groups else [])
+        + (["--lora-ungrouped"] if args.lora_ungrouped else [])
     )
 
 
@@ -710,8 +713,8 @@ def table(res: dict) -> str:
             fwd += ", packed rows"
         if 0 in (r.get("lora_backward") or []):
             fwd += ", LoRA through autograd"
-        if any(r.get("lora_groups") or []):
-            fwd += ", LoRA groups"
+        if 0 in (r.get("lora_groups") or []):
+            fwd += ", LoRA ungrouped"
         mem = ", ".join(f"{a} / {b}" for a, b in zip(r["peak_allocated_gib"], r["peak_reserved_gib"], strict=True))
         start = (
             ", ".join(
@@ -910,10 +913,10 @@ def main(argv: list[str] | None = None) -> None:
         "patches.lora_own_backward): the 'before' of a same-card A/B; cohorts keep the adopted node",
     )
     ap.add_argument(
-        "--lora-groups",
+        "--lora-ungrouped",
         action="store_true",
-        help="experiment: training jobs run q/k/v and gate/up as one autograd node each (patches.lora_groups; "
-        "a cohort from its second step)",
+        help="training jobs run q/k/v and gate/up as one LoRA node a layer (the layout before "
+        "patches.lora_groups; a cohort from its second step): the 'before' of a same-card A/B",
     )
     ap.add_argument(
         "--plan",

@@ -552,10 +552,12 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     model = trainer.model
     model.train()
     trainer.right_align_rows = False  # TRL's left-padded rows under a mask, as every round before; a variant below
-    from talkmethods.training.patches import lora_own_backward
+    from talkmethods.training.patches import lora_groups, lora_own_backward
 
-    # LoRA's backward through autograd's graph, as before round eighteen (apply_patches' node is a variant below)
+    # LoRA's backward through autograd's graph, as before round eighteen (apply_patches' node and its
+    # groups are variants below)
     lora_own_backward(model, on=False)
+    lora_groups(model, on=False)
     patched = [
         type(m).__name__
         for m in model.modules()
@@ -1105,8 +1107,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--train-lora-groups",
         action="store_true",
-        help="experiment: also time the step of --train-lora-backward with q/k/v and gate/up one autograd node "
-        "each (patches.lora_groups: x read once a group, its gradient summed over the group in place)",
+        help="also time the step of --train-lora-backward with q/k/v and gate/up one autograd node each "
+        "(patches.lora_groups, adopted: x read once a group, its gradient summed over the group in place)",
     )
     ap.add_argument(
         "--no-pack",

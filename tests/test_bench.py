@@ -170,8 +170,9 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
     for row in (cohort, stacked):  # three seeds' chats an event
         assert row["events"] == [3] and row["interval_s"][0] > 0
     assert trio["events"] == [3] and trio["interval_s"][0] > 0 and trio["steps_per_s"] > 0  # a step of three seeds
-    # a cohort's LoRA layers run their own backward too (apply_patches), as a lone run's
+    # a cohort's LoRA layers run their own backward too, their groups one node each (apply_patches), as a lone run's
     assert trio["lora_backward"] == one["lora_backward"] and one["lora_backward"][0] > 0
+    assert trio["lora_groups"] == one["lora_groups"] == [2 * one["lora_backward"][0] // 7]
     # --profile-events past the job's end: the events profiled until then
     assert "training_step" in (tmp_path / "plain_grpo_0.events.txt").read_text()
     assert "play_chats" in (tmp_path / "plain_rollout_0.events.txt").read_text()
@@ -251,7 +252,7 @@ def test_share_bench_runs_k_processes_and_reports_a_missing_mps_instead_of_faili
 def test_share_packed_rows_and_lora_layouts_reach_a_lone_run_and_the_table(tmp_path):
     """--packed-rows: a lone run's loss rows go through ``patches.packed_rows`` (its SDPA-a-row path on a
     CPU); its LoRA layers run their own backward (``patches.lora_own_backward``) unless --autograd-lora,
-    and their groups one node each with --lora-groups. The row records each (the LoRA ones as how many
+    and their groups one node each unless --lora-ungrouped. The row records each (the LoRA ones as how many
     layers or groups are on it) and the table says so."""
     res = _share(tmp_path, "--plan", "raft", "--packed-rows")
     (row,) = res["rows"]
@@ -260,16 +261,15 @@ def test_share_packed_rows_and_lora_layouts_reach_a_lone_run_and_the_table(tmp_p
     assert switched > 0 and switched % 7 == 0, switched  # the 7 LoRA targets of every layer
     text = (tmp_path / "share.md").read_text()
     assert "packed rows" in text and "LoRA through autograd" not in text
-    assert row["lora_groups"] == [0] and "LoRA groups" not in text
+    assert row["lora_groups"] == [2 * switched // 7] and "LoRA ungrouped" not in text  # two groups a decoder layer
     res = _share(tmp_path / "before", "--plan", "raft", "--autograd-lora")
     assert res["rows"][0]["lora_backward"] == [0]
     assert "LoRA through autograd" in (tmp_path / "before" / "share.md").read_text()
-    # --lora-groups: q/k/v and gate/up one node each, a lone run from its start, a cohort from its second step
-    res = _share(tmp_path / "groups", "--plan", "raft,cohort-raft", "--lora-groups")
-    for r in res["rows"]:
-        (layers,), (groups,) = r["lora_backward"], r["lora_groups"]
-        assert groups == 2 * layers // 7 > 0, r  # two groups a decoder layer, seven LoRA layers a decoder layer
-    assert "LoRA groups" in (tmp_path / "groups" / "share.md").read_text()
+    # --lora-ungrouped: q/k/v and gate/up one node a layer, a lone run from its start, a cohort from its second step
+    res = _share(tmp_path / "ungrouped", "--plan", "raft,cohort-raft", "--lora-ungrouped")
+    assert [r["lora_groups"] for r in res["rows"]] == [[0], [0]]
+    assert [r["lora_backward"] for r in res["rows"]] == [[switched], [switched]]
+    assert "LoRA ungrouped" in (tmp_path / "ungrouped" / "share.md").read_text()
 
 
 def test_share_refuses_an_unknown_cohort_arm_before_running_anything(tmp_path):
