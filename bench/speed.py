@@ -753,27 +753,16 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         """The step with each micro-batch's rows as one row of real tokens, no pads (``patches.packed_rows``)."""
         return patched(lambda on: setattr(trainer, "pack_rows", on))
 
-    def lora_backward() -> dict:
+    def lora_backward(grouped: bool = False) -> dict:
         """The aligned step with each LoRA layer one autograd node, x's gradient summed in place
-        (``patches.lora_own_backward``)."""
-        from talkmethods.training.patches import lora_own_backward
+        (``patches.lora_own_backward``); ``grouped``: q/k/v and gate/up one node each too, x read once a
+        group and its gradient summed over the group in place (``patches.lora_groups``)."""
+        from talkmethods.training.patches import lora_groups, lora_own_backward
 
         def switch(on: bool) -> None:
             trainer.right_align_rows = on
             lora_own_backward(model, on)
-
-        return patched(switch)
-
-    def lora_groups() -> dict:
-        """The aligned step on LoRA's own backward with q/k/v and gate/up one node each, x read once a group
-        and its gradient summed over the group in place (``patches.lora_groups``)."""
-        from talkmethods.training.patches import lora_groups as groups
-        from talkmethods.training.patches import lora_own_backward
-
-        def switch(on: bool) -> None:
-            trainer.right_align_rows = on
-            lora_own_backward(model, on)
-            groups(model, on)
+            lora_groups(model, on and grouped)
 
         return patched(switch)
 
@@ -813,7 +802,7 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         if args.train_lora_backward:
             out["liger+aligned+lora-bwd"] = lora_backward()
         if args.train_lora_groups:
-            out["liger+aligned+lora-groups"] = lora_groups()
+            out["liger+aligned+lora-groups"] = lora_backward(grouped=True)
         _restore_qwen2_globals(saved)  # (the instance keeps its patched modules)
     else:
         if args.train_aligned:
@@ -823,7 +812,7 @@ def _train_variants(trainer, batch, parts, step, device, args) -> dict:
         if args.train_lora_backward:
             out["aligned+lora-bwd"] = lora_backward()
         if args.train_lora_groups:
-            out["aligned+lora-groups"] = lora_groups()
+            out["aligned+lora-groups"] = lora_backward(grouped=True)
     if args.train_compile:  # every decoder layer torch.compile'd (dynamic shapes), on top of Liger if asked
         for layer in base.model.layers:
             layer.compile(dynamic=True)

@@ -57,7 +57,8 @@ def _adapter(path):
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
 
-def test_a_cohort_trains_each_seed_on_its_own_chats_from_one_engine_call_a_turn(tmp_path, monkeypatch):
+def _joint_calls(monkeypatch) -> list[dict]:
+    """Spy on the cohort's joint engine calls: the list gets, per call, each seed's number of chats."""
     calls = []
     real = cohort_mod.Cohort._play_all
 
@@ -66,6 +67,11 @@ def test_a_cohort_trains_each_seed_on_its_own_chats_from_one_engine_call_a_turn(
         return real(self, requests)
 
     monkeypatch.setattr(cohort_mod.Cohort, "_play_all", spy)
+    return calls
+
+
+def test_a_cohort_trains_each_seed_on_its_own_chats_from_one_engine_call_a_turn(tmp_path, monkeypatch):
+    calls = _joint_calls(monkeypatch)
     results, out = _cohort_run(tmp_path)
     # one joint rollout a step, every seed's 8 chats (2 problems x 4) in it
     assert calls == [{f"seed{s}": 8 for s in SEEDS}] * 2
@@ -90,14 +96,7 @@ def test_an_ada_cohort_plays_every_seed_s_replays_drawn_ahead_in_one_engine_call
     """Reinforce-Ada's seeds as one cohort: each step, every seed's 2 problems x 16 chats (4 rounds drawn
     ahead) in one joint call; each seed counts the chats its rule reached (all 16 where a problem stays
     uniform: a judge that never grades right) and trains on its own 4 kept a problem."""
-    calls = []
-    real = cohort_mod.Cohort._play_all
-
-    def spy(self, requests):
-        calls.append({n: len(r[0]) for n, r in requests.items()})
-        return real(self, requests)
-
-    monkeypatch.setattr(cohort_mod.Cohort, "_play_all", spy)
+    calls = _joint_calls(monkeypatch)
     results, out = _cohort_run(tmp_path, arm="ada", judge=lambda turn, problem: False)
     assert calls == [{f"seed{s}": 32 for s in SEEDS}] * 2
     assert [r["steps"] for r in results] == [2, 2, 2]
