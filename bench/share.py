@@ -290,6 +290,12 @@ def worker(args) -> None:
                     holder["stop"] = done and len(ends) > WARMUP["train"]
                 control.should_training_stop = bool(holder.get("stop"))
 
+        # random weights score 0 everywhere, so every row's advantage is 0 and the trainer would leave them all
+        # out of the loss (training.rows.live_rows): steps that train nothing. The bench trains every row, the
+        # worst case (a learning model's groups with signal are fewer), as every round before.
+        import talkmethods.training.trainer as talk_trainer
+
+        talk_trainer.live_rows = lambda rows: (rows, 0)
         work = Path(tempfile.mkdtemp(prefix="talkmethods-share-"))
         if args.job in COHORTS:  # the three seeds in this process: train_cohort, its outputs in the scratch dir
             from dataclasses import replace
@@ -345,6 +351,8 @@ def worker(args) -> None:
             if p.exists()  # a run stopped before its first step has none
         }
         shutil.rmtree(work, ignore_errors=True)
+        if any(line.get("skipped_rows") for lines in step_logs.values() for line in lines):
+            raise RuntimeError("a step left rows out of its loss: the bench prices every row trained")
     if args.profile_events:  # a deadline that came before N events: the events profiled so far
         _end_profile(args, top=70, suffix=".events.txt")
     out = {

@@ -552,6 +552,9 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     model = trainer.model
     model.train()
     trainer.right_align_rows = False  # TRL's left-padded rows under a mask, as every round before; a variant below
+    trainer.skip_zero_advantage = (
+        False  # random weights score 0: every row in the step (live_rows would drop them all)
+    )
     from talkmethods.training.patches import lora_groups, lora_own_backward
 
     # LoRA's backward through autograd's graph, as before round eighteen (apply_patches' node and its
@@ -885,6 +888,7 @@ def arm_rows(spec: ModelSpec, args, problems, out: Path, arm: str, variant: str,
     trainer = build_trainer(
         cfg, problems, out / f"work_{arm}_{variant}", callbacks=[StepLog(log_path)], generator_factory=ENGINES["fast"]
     )
+    trainer.skip_zero_advantage = False  # random weights score 0: every row trained, the worst case, as before
     # a run's start-up as Snakemake's job pays it: interpreter, imports, tokenizer, model, trainer
     startup = None if args.in_process else time.perf_counter() - T_PROCESS
     if torch.cuda.is_available():

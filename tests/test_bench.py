@@ -491,3 +491,27 @@ def test_the_training_profile_table_prints_the_liger_sweep_beside_the_patched_st
         "matmul 800.5 ms; nvjet_sm90_tst_256x160 140.2 ms ×224"
     ) in text
     assert "| aligned+lora-bwd | failed: RuntimeError: no | | |" in text
+
+
+def test_zero_rows_bench_summarises_each_run_s_step_log(tmp_path, capsys):
+    """bench/zero_rows.py: the zero-advantage share is of the rows credited (run + left out); a missing split
+    is a clear message, not a traceback."""
+    zr = _bench_module("zero_rows")
+    logs = [
+        {"loss_rows": 4.0, "skipped_rows": 28.0, "gen_s": 0.5, "train_s": 0.1, "reward": 0.25},
+        {"loss_rows": 12.0, "skipped_rows": 20.0, "gen_s": 0.7, "train_s": 0.3, "reward": 0.5},
+    ]
+    left_out = zr.summary("raft", True, logs)
+    assert left_out["zero_rows_share"] == 0.75 and left_out["loss_rows"] == 8.0
+    assert left_out["train_s"] == pytest.approx(0.2) and left_out["reward"] == 0.375
+    every = zr.summary("raft", False, [{**x, "loss_rows": 32.0, "skipped_rows": 0.0} for x in logs])
+    assert every["zero_rows_share"] is None and every["loss_rows"] == 32.0
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["zero_rows.py", "--config", "config.yaml", "--results", str(tmp_path)]
+    try:
+        assert zr.main() == 2
+    finally:
+        sys.argv = argv
+    assert "no split under" in capsys.readouterr().err

@@ -97,6 +97,9 @@ def test_an_ada_cohort_plays_every_seed_s_replays_drawn_ahead_in_one_engine_call
     ahead) in one joint call; each seed counts the chats its rule reached (all 16 where a problem stays
     uniform: a judge that never grades right) and trains on its own 4 kept a problem."""
     calls = _joint_calls(monkeypatch)
+    # every group stays uniform, so every row's advantage is 0: keep the rows in the loss (as the benches do)
+    # so that each seed's rollout log-probs are still compared with its trainer's
+    monkeypatch.setattr("talkmethods.training.trainer.live_rows", lambda rows: (rows, 0))
     results, out = _cohort_run(tmp_path, arm="ada", judge=lambda turn, problem: False)
     assert calls == [{f"seed{s}": 32 for s in SEEDS}] * 2
     assert [r["steps"] for r in results] == [2, 2, 2]

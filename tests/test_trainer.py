@@ -43,7 +43,15 @@ class Recorder:
         self.credits: list[tuple[list[float], list[bool], Credit]] = []
         self.last_rows_at_loss: list[int] = []
         self.losses: list[float] = []
+        self.chats: list[list] = []  # each problem's chats, in the credit rule's order
         original_loss = trainer._compute_loss
+        original_draw = trainer._draw_chats
+
+        def draw_chats(problems):
+            by_problem, stats = original_draw(problems)
+            self.chats += by_problem
+            return by_problem, stats
+
         rule = trainer.credit_rule
 
         def compute_loss(_self, model, inputs):
@@ -60,6 +68,7 @@ class Recorder:
 
         trainer._compute_loss = types.MethodType(compute_loss, trainer)
         trainer.credit_rule = credit_rule
+        trainer._draw_chats = draw_chats
 
 
 def train_one_step(
@@ -90,33 +99,52 @@ def expected_advantages(credits):
     return sorted(a for _, _, c in credits for a, mask in zip(c.advantages, c.trained_turns) for _ in range(sum(mask)))
 
 
+def credited_tokens(rec) -> int:
+    """Completion tokens of every kept chat's trained turns: the dapo normaliser, zero-advantage rows included."""
+    total = 0
+    for chats, (_, _, c) in zip(rec.chats, rec.credits, strict=True):
+        for i, mask in zip(c.kept, c.trained_turns, strict=True):
+            total += sum(len(t.completion_ids) for t, on in zip(chats[i].turns, mask, strict=True) if on)
+    return total
+
+
 def check_batch_reaches_the_loss(trainer, rec, rows, micro_batches=1):
+    """``rows`` turns credited; those with a non-zero advantage reach TRL's loss (``live_rows``), the rest
+    only its normaliser."""
     assert len(rec.loss_inputs) == micro_batches, "one optimizer step = micro_batches loss calls"
+    credited = expected_advantages(rec.credits)
+    assert len(credited) == rows
+    live = [a for a in credited if a != 0]
     batches = rec.loss_inputs
     n = sum(b["completion_ids"].shape[0] for b in batches)
-    assert n == rows
-    assert trainer.last_rows == n == rec.last_rows_at_loss[-1], "rows were dropped between rollout and loss"
-    total_tokens = sum(int(b["completion_mask"].sum()) for b in batches)
+    assert n == max(micro_batches, -(-len(live) // micro_batches) * micro_batches), "live rows, padded to the split"
+    assert trainer.last_rows == len(live) == rec.last_rows_at_loss[-1], "rows were dropped between rollout and loss"
+    normaliser = credited_tokens(rec)
+    assert normaliser > sum(int(b["completion_mask"].sum()) for b in batches) or len(live) == rows
     lengths = []
     for b in batches:
         m = b["completion_ids"].shape[0]
         assert m >= 1
-        # grouped by length and trimmed: no column is padding in every row of the micro-batch
-        assert bool(b["prompt_mask"][:, 0].any()) and bool(b["completion_mask"][:, -1].any())
+        real = b["completion_mask"].sum(1) > 0
+        if bool(real.any()):  # grouped by length and trimmed: no column is padding in every row of the micro-batch
+            assert bool(b["prompt_mask"][:, 0].any()) and bool(b["completion_mask"][:, -1].any())
         lengths.append((b["prompt_mask"].sum(1) + b["completion_mask"].sum(1)).tolist())
         assert b["prompt_ids"].shape[0] == b["prompt_mask"].shape[0] == b["completion_mask"].shape[0] == m
         assert b["advantages"].shape == (m,)
-        # dapo: the normaliser is the token count of the WHOLE generation batch, in every micro-batch.
-        assert int(b["num_items_in_batch"]) == total_tokens
-        per_row = b["completion_mask"].sum(1)
-        assert bool((per_row >= 1).all()) and bool((per_row <= trainer.sampling.max_new_tokens).all())
+        # dapo: the normaliser is the token count of the WHOLE generation batch (the rows left out too), in
+        # every micro-batch.
+        assert int(b["num_items_in_batch"]) == normaliser
+        per_row = b["completion_mask"].sum(1)[real]
+        assert bool((per_row <= trainer.sampling.max_new_tokens).all())
+        assert bool((b["advantages"][~real] == 0).all()), "a padding row carries no advantage"
     assert all(max(a) <= min(b) for a, b in zip(lengths, lengths[1:])), "micro-batches are in length order"
-    # The advantages the loss sees are exactly the credit rule's, one per trained turn (TRL shuffles rows).
-    seen = sorted(a for b in batches for a in b["advantages"].tolist())
-    assert seen == pytest.approx(expected_advantages(rec.credits), abs=1e-6)
+    # The advantages the loss sees are exactly the credit rule's non-zero ones, one per trained turn (TRL
+    # shuffles rows), plus padding rows' zeros.
+    seen = sorted(a for b in batches for a, r in zip(b["advantages"].tolist(), (b["completion_mask"].sum(1) > 0)) if r)
+    assert seen == pytest.approx(sorted(live), abs=1e-6)
     # On-policy (ratio 1, beta 0) the dapo loss is -sum_rows(A_i * tokens_i) / tokens of the generation batch.
     for b, loss in zip(batches, rec.losses):
-        by_hand = -float((b["advantages"] * b["completion_mask"].sum(1)).sum()) / total_tokens
+        by_hand = -float((b["advantages"] * b["completion_mask"].sum(1)).sum()) / normaliser
         assert loss == pytest.approx(by_hand, abs=1e-5)
 
 
@@ -130,6 +158,8 @@ def test_one_step_reaches_the_loss_with_128_rows(arm, tmp_path):
         assert not any(b_base), "only the mixed arms run a base B"
         assert len(c.kept) == 4
     assert logs[-1]["rows"] == 128.0
+    zero = sum(a == 0 for a in expected_advantages(rec.credits))
+    assert logs[-1]["skipped_rows"] == zero and logs[-1]["loss_rows"] == 128 - zero
 
 
 def test_mixed_step_trains_only_adapter_turns(tmp_path):
@@ -338,6 +368,94 @@ def test_lora_groups_do_not_change_the_update(tmp_path):
     assert ran[True] and set(ran[True]) == {"_LoraGroupBackward"}, ran[True]
     assert ran[False] and set(ran[False]) == {"_LoraProductBackward"}, ran[False]
     _assert_same_update(mine, apart)
+
+
+def test_leaving_zero_advantage_rows_out_does_not_change_the_update(tmp_path):
+    """A zero-advantage row adds zero to the dapo loss; with the normaliser unchanged, the step is the same."""
+
+    def skipping(on):
+        return lambda trainer: setattr(trainer, "skip_zero_advantage", on)
+
+    def judge(turn, problem):  # p0 always solved: a uniform group, four rows of zero advantage at least
+        return problem["id"] == "p0" or parity_judge(turn, problem)
+
+    def update(path, on):
+        from transformers.training_args import OptimizerNames
+
+        cfg = train_config(
+            arm="grpo",
+            seed=17,
+            model=SPEC,
+            steps=1,
+            problems_per_step=8,
+            micro_batches=4,
+            sampling=Sampling(max_new_tokens=4),
+            save_every=1000,
+            learning_rate=1.0,
+            ada_draw_ahead=False,
+            pack_seats=True,
+        )
+        log_path = path / "steps.jsonl"
+        trainer = build_trainer(cfg, tiny_problems(8), path, judge=judge, callbacks=[StepLog(log_path)])
+        skipping(on)(trainer)
+        trainer.args.optim = OptimizerNames.SGD
+        before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
+        trainer.train()
+        log = json.loads(log_path.read_text().splitlines()[-1])
+        return log, {k: v.detach() - before[k] for k, v in trainer.model.named_parameters() if "lora_B" in k}
+
+    log_on, on = update(tmp_path / "on", True)
+    log_off, off = update(tmp_path / "off", False)
+    assert log_on["skipped_rows"] >= 2 and log_off["skipped_rows"] == 0  # p0's two packed seats a chat, at least
+    assert log_on["loss_rows"] + log_on["skipped_rows"] == log_off["loss_rows"]
+    assert log_on["rows"] == log_off["rows"] == 128
+    _assert_same_update(on, off)
+
+
+def test_a_step_of_zero_advantages_still_steps_the_optimizer(tmp_path):
+    """With every row left out, the loss still runs (empty rows), so each LoRA weight gets a zero gradient
+    rather than none, and Adam moves it on its momentum exactly as when every row runs."""
+    from transformers import TrainerCallback
+
+    def run(path, skip):
+        state = {"step": 0, "weights": []}
+
+        def judge(turn, problem):  # the second step's groups are all solved: every advantage zero
+            return True if state["step"] else parity_judge(turn, problem)
+
+        class Snap(TrainerCallback):
+            def on_step_end(self, _args, _state, control, model=None, **k):
+                state["step"] += 1
+                state["weights"].append({n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n})
+
+        cfg = train_config(
+            arm="grpo",
+            seed=17,
+            model=SPEC,
+            steps=2,
+            problems_per_step=8,
+            micro_batches=4,
+            sampling=Sampling(max_new_tokens=4),
+            save_every=1000,
+            learning_rate=1e-2,
+            ada_draw_ahead=False,
+            pack_seats=True,
+        )
+        log_path = path / "steps.jsonl"
+        trainer = build_trainer(cfg, tiny_problems(8), path, judge=judge, callbacks=[Snap(), StepLog(log_path)])
+        trainer.skip_zero_advantage = skip
+        trainer.train()
+        logs = [json.loads(line) for line in log_path.read_text().splitlines()]
+        first, second = state["weights"]
+        return logs, {n: second[n] - first[n] for n in first}
+
+    logs_on, moved_on = run(tmp_path / "on", True)
+    logs_off, moved_off = run(tmp_path / "off", False)
+    assert logs_on[1]["loss_rows"] == 0 and logs_on[1]["skipped_rows"] == logs_off[1]["loss_rows"] > 0
+    assert logs_on[1]["loss"] == 0.0 and logs_on[1]["grad_norm"] == 0.0
+    assert max(d.abs().max().item() for d in moved_on.values()) > 1e-4, "Adam's momentum moved the adapter"
+    for n in moved_on:
+        assert torch.allclose(moved_on[n], moved_off[n], rtol=1e-4, atol=1e-7), n
 
 
 def test_trainer_refuses_generation_not_matching_accumulation(tmp_path, monkeypatch):

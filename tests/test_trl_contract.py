@@ -150,6 +150,20 @@ def test_loss_skips_tool_mask_tokens_and_attends_them():
     ), f"trl=={TRL_PIN} pinned; dapo no longer sums the masked tokens over num_items_in_batch"
 
 
+def test_a_zero_advantage_row_s_loss_terms_are_all_switched_by_beta_and_the_entropy_bonus():
+    """``training.rows.live_rows`` leaves zero-advantage rows out of the loss: exact while the per-token loss
+    is the advantage times a ratio, and the two terms that are not (KL, the entropy bonus) are off. The
+    trainer reads both switches (``beta``, ``_entropy_bonus_enabled``); the same-update tests in
+    tests/test_trainer.py check the rest through the real loss."""
+    init, loss = src(GRPOTrainer.__init__), src(GRPOTrainer._compute_loss)
+    assert "self._entropy_bonus_enabled = self.entropy_coef != 0.0 or self.use_adaptive_entropy" in init, (
+        f"trl=={TRL_PIN} pinned; GRPOTrainer no longer sets _entropy_bonus_enabled as the trainer expects"
+    )
+    assert "if self.beta != 0.0:" in loss and "if self._entropy_bonus_enabled:" in loss, (
+        f"trl=={TRL_PIN} pinned; _compute_loss's KL or entropy-bonus switch moved"
+    )
+
+
 def test_log_merges_the_metrics_dict():
     params = list(inspect.signature(GRPOTrainer.log).parameters)
     assert params == ["self", "logs", "start_time"], (

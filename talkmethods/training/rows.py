@@ -90,6 +90,20 @@ def _seat_rows(turns: list[Turn], adv: float) -> list[Row]:
     return [Row.of(t, adv) for t in turns]
 
 
+def live_rows(rows: list[Row]) -> tuple[list[Row], int]:
+    """The rows whose advantage is not zero, and how many were left out.
+
+    With ``beta = 0`` and no entropy bonus, a row's loss term is its advantage times its tokens'
+    (clipped) ratios, so a zero-advantage row adds exactly zero to the loss and to every gradient.
+    The loss's normaliser (``num_items_in_batch``) still counts its tokens, so the step is the same;
+    leaving it out saves its forward and backward (RAFT's unsolved chats, GRPO's uniform groups).
+    What the loss logs from its rows (entropy, the rollout-vs-trainer log-prob gap) then covers the
+    rows it ran.
+    """
+    live = [r for r in rows if r.advantage != 0]
+    return live, len(rows) - len(live)
+
+
 def pad_rows(rows: list[Row], pad_id: int, device) -> dict[str, torch.Tensor]:
     """Left-pad prompts and right-pad completions into TRL's batch tensors.
 

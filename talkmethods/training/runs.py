@@ -38,6 +38,7 @@ class StepLog(TrainerCallback):
         "grad_norm": "grad_norm",
         "talk/rows": "rows",
         "talk/loss_rows": "loss_rows",
+        "talk/skipped_rows": "skipped_rows",
         "talk/longest_prompt": "longest_prompt",
         "timing/gen_s": "gen_s",
         "talk/logp_diff_max": "logp_diff_max",

@@ -29,7 +29,16 @@ from talkmethods.training.patches import (
     right_aligned_rows,
     unscored_labels_hook,
 )
-from talkmethods.training.rows import EMPTY_TURN, ROW_KEYS, Row, group_by_length, pad_rows, to_rows, width_step_for
+from talkmethods.training.rows import (
+    EMPTY_TURN,
+    ROW_KEYS,
+    Row,
+    group_by_length,
+    live_rows,
+    pad_rows,
+    to_rows,
+    width_step_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +109,10 @@ class TalkTrainer(GRPOTrainer):
         # kernel, on a CPU SDPA a row at a time): off, a step -1% on an H100 (docs/h200_2026-12-04.md, round
         # seventeen) does not pay for a second layout; the bench switches it
         self.pack_rows = False
+        # leave zero-advantage rows out of the loss batch (``live_rows``: the same loss and gradient); the share
+        # bench switches it off, since random weights score 0 everywhere and its steps would train nothing
+        # (exact only while a zero-advantage row's loss is zero: no KL term, no entropy bonus; both off in the recipe)
+        self.skip_zero_advantage = self.beta == 0.0 and not self._entropy_bonus_enabled
         self.lora_layers_fused = 0  # set by build.build_trainer (patches.apply_patches)
         self.cohort = None  # a seed cohort's rendezvous (``training.cohort``), set with ``adapter_name``
         self.adapter_name: str | None = None  # this seed's adapter in a cohort's shared model
@@ -159,13 +172,21 @@ class TalkTrainer(GRPOTrainer):
             rows += to_rows(kept, list(credit.advantages), list(credit.trained_turns), pack=self.pack_seats)
             zero_adv += all(a == 0 for a in credit.advantages)
             first_rewards += chats[:g]
-        # split_tensor_dict silently drops rows that do not divide steps_per_generation (DESIGN §2):
-        # pad with empty rows (completion_mask 0), which add nothing to the token-sum loss.
-        n_real = len(rows)
         n_turns = sum(r.turns for r in rows)
-        rows += [Row.of(EMPTY_TURN, 0.0)] * (-len(rows) % self.args.steps_per_generation)
+        # the loss's normaliser (dapo: a token sum over the generation batch) counts every credited turn's tokens
+        n_items = sum(sum(r.scored) for r in rows)
+        if self.skip_zero_advantage:
+            rows, skipped = live_rows(rows)
+        else:
+            skipped = 0
+        # split_tensor_dict silently drops rows that do not divide steps_per_generation (DESIGN §2):
+        # pad with empty rows (completion_mask 0), which add nothing to the token-sum loss; at least one a
+        # micro-batch, so that every micro-batch's backward writes (zero) gradients and the optimizer steps as before
+        n_real = len(rows)
+        spg = self.args.steps_per_generation
+        rows += [Row.of(EMPTY_TURN, 0.0)] * (max(spg, -(-len(rows) // spg) * spg) - len(rows))
         batch = pad_rows(rows, self.processing_class.pad_token_id, self.accelerator.device)
-        batch["num_items_in_batch"] = (batch["completion_mask"] * batch["tool_mask"]).sum()
+        batch["num_items_in_batch"] = torch.tensor(n_items, device=self.accelerator.device)
         self.last_rows = n_real
 
         m = self._metrics["train"]
@@ -176,7 +197,8 @@ class TalkTrainer(GRPOTrainer):
         m["talk/zero_adv_share"].append(zero_adv / len(problems))
         m["talk/tokens_per_turn"].append(stats["completion_tokens"] / max(stats["turns"], 1))
         m["talk/rows"].append(float(n_turns))  # trained turns
-        m["talk/loss_rows"].append(float(n_real))  # rows of the loss batch (fewer when seats are packed)
+        m["talk/loss_rows"].append(float(n_real))  # rows the loss runs (fewer when seats are packed)
+        m["talk/skipped_rows"].append(float(skipped))  # zero-advantage rows it need not run (``live_rows``)
         m["talk/longest_prompt"].append(float(stats["longest_prompt"]))
         m["timing/gen_s"].append(stats["gen_s"])
         return batch
