@@ -552,9 +552,8 @@ def profile_train(spec: ModelSpec, device, args, problems, out: Path) -> dict:
     model = trainer.model
     model.train()
     trainer.right_align_rows = False  # TRL's left-padded rows under a mask, as every round before; a variant below
-    trainer.skip_zero_advantage = (
-        False  # random weights score 0: every row in the step (live_rows would drop them all)
-    )
+    # random weights score 0: every row in the step (live_rows would leave them all out)
+    trainer.skip_zero_advantage = False
     from talkmethods.training.patches import lora_groups, lora_own_backward
 
     # LoRA's backward through autograd's graph, as before round eighteen (apply_patches' node and its
