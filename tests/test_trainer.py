@@ -214,10 +214,11 @@ def test_micro_batches_split_the_rows_but_not_the_normaliser(tmp_path):
     assert logs[-1]["rows"] == 128.0 and trainer.state.global_step == 1
 
 
-def _sgd_update(path, prepare=lambda trainer: None, **fields):
+def _sgd_update(path, prepare=lambda trainer: None, judge=parity_judge, **fields):
     """One SGD step (update = lr × gradient; Adam's first step is sign-like) of grpo on 8 tiny problems.
 
     Returns the trainer and the change of every LoRA B matrix; ``prepare`` edits the built trainer first.
+    The step's log line is in ``path / "steps.jsonl"``.
     """
     from transformers.training_args import OptimizerNames
 
@@ -234,7 +235,7 @@ def _sgd_update(path, prepare=lambda trainer: None, **fields):
         ada_draw_ahead=False,
         **fields,
     )
-    trainer = build_trainer(cfg, tiny_problems(8), path, judge=parity_judge)
+    trainer = build_trainer(cfg, tiny_problems(8), path, judge=judge, callbacks=[StepLog(path / "steps.jsonl")])
     prepare(trainer)
     trainer.args.optim = OptimizerNames.SGD
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
@@ -380,29 +381,8 @@ def test_leaving_zero_advantage_rows_out_does_not_change_the_update(tmp_path):
         return problem["id"] == "p0" or parity_judge(turn, problem)
 
     def update(path, on):
-        from transformers.training_args import OptimizerNames
-
-        cfg = train_config(
-            arm="grpo",
-            seed=17,
-            model=SPEC,
-            steps=1,
-            problems_per_step=8,
-            micro_batches=4,
-            sampling=Sampling(max_new_tokens=4),
-            save_every=1000,
-            learning_rate=1.0,
-            ada_draw_ahead=False,
-            pack_seats=True,
-        )
-        log_path = path / "steps.jsonl"
-        trainer = build_trainer(cfg, tiny_problems(8), path, judge=judge, callbacks=[StepLog(log_path)])
-        skipping(on)(trainer)
-        trainer.args.optim = OptimizerNames.SGD
-        before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
-        trainer.train()
-        log = json.loads(log_path.read_text().splitlines()[-1])
-        return log, {k: v.detach() - before[k] for k, v in trainer.model.named_parameters() if "lora_B" in k}
+        _, change = _sgd_update(path, skipping(on), judge=judge, pack_seats=True)
+        return json.loads((path / "steps.jsonl").read_text().splitlines()[-1]), change
 
     log_on, on = update(tmp_path / "on", True)
     log_off, off = update(tmp_path / "off", False)
