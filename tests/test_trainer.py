@@ -71,27 +71,46 @@ class Recorder:
         trainer._draw_chats = draw_chats
 
 
+def tiny_config(**fields):
+    """The tests' training config: one grpo step of 8 problems, 4 micro-batches, 4-token turns; ``fields`` override."""
+    return train_config(
+        **{
+            "arm": "grpo",
+            "seed": 17,
+            "model": SPEC,
+            "steps": 1,
+            "problems_per_step": 8,
+            "micro_batches": 4,
+            "sampling": Sampling(max_new_tokens=4),
+            "save_every": 1000,
+            "ada_draw_ahead": False,
+            **fields,
+        }
+    )
+
+
+def step_log(path: Path) -> list[dict]:
+    """The step log a trainer built with ``StepLog(path / "steps.jsonl")`` wrote, a dict a step."""
+    return [json.loads(line) for line in (path / "steps.jsonl").read_text().splitlines()]
+
+
 def train_one_step(
     arm, tmp_path: Path, judge=parity_judge, max_new_tokens=4, micro_batches=1, problems=8, ada_draw_ahead=False
 ):
-    cfg = train_config(
+    cfg = tiny_config(
         arm=arm,
-        seed=17,
-        model=SPEC,
-        steps=1,
         problems_per_step=problems,
         micro_batches=micro_batches,
         sampling=Sampling(max_new_tokens=max_new_tokens),
-        save_every=1000,
         ada_draw_ahead=ada_draw_ahead,
         pack_seats=False,
     )
-    log_path = tmp_path / "steps.jsonl"
-    trainer = build_trainer(cfg, tiny_problems(problems), tmp_path, judge=judge, callbacks=[StepLog(log_path)])
+    trainer = build_trainer(
+        cfg, tiny_problems(problems), tmp_path, judge=judge, callbacks=[StepLog(tmp_path / "steps.jsonl")]
+    )
     rec = Recorder(trainer)
     trainer.train()
-    logs = [json.loads(line) for line in log_path.read_text().splitlines()]
-    return trainer, rec, logs
+    return trainer, rec, step_log(tmp_path)
 
 
 def expected_advantages(credits):
@@ -222,19 +241,7 @@ def _sgd_update(path, prepare=lambda trainer: None, judge=parity_judge, **fields
     """
     from transformers.training_args import OptimizerNames
 
-    cfg = train_config(
-        arm="grpo",
-        seed=17,
-        model=SPEC,
-        steps=1,
-        problems_per_step=8,
-        micro_batches=4,
-        sampling=Sampling(max_new_tokens=4),
-        save_every=1000,
-        learning_rate=1.0,
-        ada_draw_ahead=False,
-        **fields,
-    )
+    cfg = tiny_config(learning_rate=1.0, **fields)
     trainer = build_trainer(cfg, tiny_problems(8), path, judge=judge, callbacks=[StepLog(path / "steps.jsonl")])
     prepare(trainer)
     trainer.args.optim = OptimizerNames.SGD
@@ -382,7 +389,7 @@ def test_leaving_zero_advantage_rows_out_does_not_change_the_update(tmp_path):
 
     def update(path, on):
         _, change = _sgd_update(path, skipping(on), judge=judge, pack_seats=True)
-        return json.loads((path / "steps.jsonl").read_text().splitlines()[-1]), change
+        return step_log(path)[-1], change
 
     log_on, on = update(tmp_path / "on", True)
     log_off, off = update(tmp_path / "off", False)
@@ -408,26 +415,14 @@ def test_a_step_of_zero_advantages_still_steps_the_optimizer(tmp_path):
                 state["step"] += 1
                 state["weights"].append({n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n})
 
-        cfg = train_config(
-            arm="grpo",
-            seed=17,
-            model=SPEC,
-            steps=2,
-            problems_per_step=8,
-            micro_batches=4,
-            sampling=Sampling(max_new_tokens=4),
-            save_every=1000,
-            learning_rate=1e-2,
-            ada_draw_ahead=False,
-            pack_seats=True,
+        cfg = tiny_config(steps=2, learning_rate=1e-2, pack_seats=True)
+        trainer = build_trainer(
+            cfg, tiny_problems(8), path, judge=judge, callbacks=[Snap(), StepLog(path / "steps.jsonl")]
         )
-        log_path = path / "steps.jsonl"
-        trainer = build_trainer(cfg, tiny_problems(8), path, judge=judge, callbacks=[Snap(), StepLog(log_path)])
         trainer.skip_zero_advantage = skip
         trainer.train()
-        logs = [json.loads(line) for line in log_path.read_text().splitlines()]
         first, second = state["weights"]
-        return logs, {n: second[n] - first[n] for n in first}
+        return step_log(path), {n: second[n] - first[n] for n in first}
 
     logs_on, moved_on = run(tmp_path / "on", True)
     logs_off, moved_off = run(tmp_path / "off", False)
@@ -583,10 +578,13 @@ def run_learning(arm, tmp_path, advantage_scale=1.0):
         pack_seats=False,
         ada_draw_ahead=False,
     )
-    log_path = tmp_path / "steps.jsonl"
     target: set[int] = set()
     trainer = build_trainer(
-        cfg, problems, tmp_path, judge=lambda turn, _: turn.completion_ids[0] in target, callbacks=[StepLog(log_path)]
+        cfg,
+        problems,
+        tmp_path,
+        judge=lambda turn, _: turn.completion_ids[0] in target,
+        callbacks=[StepLog(tmp_path / "steps.jsonl")],
     )
     target |= shape_first_token_distribution(trainer, problems)
     if advantage_scale != 1.0:  # controls: flip or zero every advantage the arm's rule gives
@@ -600,7 +598,7 @@ def run_learning(arm, tmp_path, advantage_scale=1.0):
     lora0, base0 = lora_and_base_params(trainer.model)
     trainer.train()
     lora1, base1 = lora_and_base_params(trainer.model)
-    rewards = [json.loads(line)["reward"] for line in log_path.read_text().splitlines()]
+    rewards = [x["reward"] for x in step_log(tmp_path)]
     assert len(rewards) == LEARN_STEPS
     gain = sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
     print(
@@ -643,20 +641,14 @@ def _fast_run(tmp_path, stale: bool, pack: bool = False):
     from talkmethods.engines import ENGINES
     from talkmethods.engines.fast.generator import FastGenerator
 
-    cfg = train_config(
-        arm="grpo",
-        seed=17,
-        model=SPEC,
+    cfg = tiny_config(
         steps=2,
         problems_per_step=2,
         micro_batches=2,
         sampling=Sampling(max_new_tokens=6),
-        save_every=1000,
         learning_rate=5e-2,
         pack_seats=pack,
-        ada_draw_ahead=False,
     )
-    log_path = tmp_path / "steps.jsonl"
 
     def factory(model, tok):
         gen = FastGenerator(model, tok)
@@ -669,11 +661,11 @@ def _fast_run(tmp_path, stale: bool, pack: bool = False):
         tiny_problems(8),
         tmp_path,
         judge=parity_judge,
-        callbacks=[StepLog(log_path)],
+        callbacks=[StepLog(tmp_path / "steps.jsonl")],
         generator_factory=factory if stale else ENGINES["fast"],
     )
     trainer.train()
-    return [json.loads(line) for line in log_path.read_text().splitlines()]
+    return step_log(tmp_path)
 
 
 def test_rollout_and_trainer_logprobs_agree_and_the_check_catches_stale_weights(tmp_path):
